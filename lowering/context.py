@@ -1,0 +1,316 @@
+"""The lowering context: what a rule sees, and the builders it composes MLIR from.
+
+A rule gets a :class:`LoweringContext` for one FX node plus the node's arguments, with tensor
+arguments replaced by :class:`~lowering.ir.TensorValue`. It returns a ``TensorValue`` (or a tuple for
+multi-result ops). Builders emit ``linalg``/``tensor``/``arith`` ops on tensors; broadcasting is an
+indexing map (never a materialised copy), following the linalg "structured ops" design
+(MLIR docs, *Linalg dialect rationale*).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, element_type, numel, tensor_type
+from neuron_compile.lowering.scalar import ScalarBuilder
+from neuron_compile.errors import LoweringError
+
+Operand = TensorValue | float | int | bool
+BodyFn = Callable[..., Scalar]
+
+
+class BodyBuilder(ScalarBuilder):
+    """A :class:`ScalarBuilder` inside a ``linalg.generic`` region; adds loop indices."""
+
+    def index(self, dim: int) -> Scalar:
+        """The current iteration index of loop ``dim`` as an ``i64`` scalar."""
+        raw = self.namer("i")
+        self.lines.append(f"{self.indent}{raw} = linalg.index {dim} : index")
+        return self._emit(f"arith.index_cast {raw} : index to i64", torch.int64)
+
+    def extract(self, t: TensorValue, indices: Sequence[Scalar]) -> Scalar:
+        """``tensor.extract`` of ``t`` at i64 ``indices`` (a gather; caller guarantees bounds)."""
+        idx = []
+        for s in indices:
+            name = self.namer("x")
+            self.lines.append(f"{self.indent}{name} = arith.index_cast {s.name} : i64 to index")
+            idx.append(name)
+        return self._emit(f"tensor.extract {t.name}[{', '.join(idx)}] : {t.type}", t.dtype)
+
+
+@dataclass
+class FunctionBody:
+    """The growing body of the one ``func.func`` a graph lowers to."""
+
+    namer: Namer = field(default_factory=Namer)
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoweringContext:
+    """Per-node view onto the function being emitted.
+
+    Attributes:
+        body: the function body lines and SSA namer.
+        node: the FX node being lowered (``None`` for graph-level glue).
+        loc: its MLIR location (``loc(...)``), attached to every op the rule emits.
+    """
+
+    body: FunctionBody
+    node: torch.fx.Node | None
+    loc: str
+
+    # -- metadata --------------------------------------------------------------------------------
+    @property
+    def out_meta(self) -> Any:
+        """The node's ``meta['val']`` (a FakeTensor or a tuple of them)."""
+        return self.node.meta["val"]
+
+    def out_spec(self, i: int | None = None) -> tuple[tuple[int, ...], torch.dtype]:
+        v = self.out_meta if i is None else self.out_meta[i]
+        return tuple(int(s) for s in v.shape), v.dtype
+
+    def fail(self, message: str) -> LoweringError:
+        return LoweringError(message, op=str(getattr(self.node, "target", "")),
+                             node=getattr(self.node, "name", ""), location=self.loc)
+
+    # -- raw emission ----------------------------------------------------------------------------
+    def emit(self, text: str, shape: tuple[int, ...], dtype: torch.dtype, prefix: str = "t") -> TensorValue:
+        """Append ``%new = <text> loc(...)``; ``text`` must produce a tensor of (shape, dtype)."""
+        name = self.body.namer(prefix)
+        self.body.lines.append(f"    {name} = {text} {self.loc}")
+        return TensorValue(name, tuple(shape), dtype)
+
+    def empty(self, shape: Sequence[int], dtype: torch.dtype) -> TensorValue:
+        shape = tuple(int(s) for s in shape)
+        return self.emit(f"tensor.empty() : {tensor_type(shape, dtype)}", shape, dtype)
+
+    def scalar_const(self, value: float | int | bool, dtype: torch.dtype) -> Scalar:
+        sb = ScalarBuilder(self.body.namer, self.body.lines, indent="    ")
+        return sb.const(value, dtype)
+
+    def fill(self, shape: Sequence[int], dtype: torch.dtype, value: float | int | bool) -> TensorValue:
+        """A tensor of ``shape`` filled with ``value`` (``linalg.fill``)."""
+        e = self.empty(shape, dtype)
+        c = self.scalar_const(value, dtype)
+        return self.emit(f"linalg.fill ins({c.name} : {c.type}) outs({e.name} : {e.type}) -> {e.type}",
+                         e.shape, dtype)
+
+    # -- linalg.generic --------------------------------------------------------------------------
+    def generic(self, ins: Sequence[TensorValue], in_maps: Sequence[str], init: TensorValue,
+                out_map: str, iterators: Sequence[str], body: Callable[[BodyBuilder, list[Scalar]], Scalar]
+                ) -> TensorValue:
+        """One ``linalg.generic`` with a single output.
+
+        ``body(b, [in scalars..., out scalar])`` returns the value to yield. ``init`` is the
+        output's initial value (it is read in the region only for reductions).
+        """
+        if numel(init.shape) == 0:
+            return init
+        args = [Scalar(self.body.namer("a"), v.dtype) for v in ins]
+        acc = Scalar(self.body.namer("a"), init.dtype)
+        region: list[str] = []
+        b = BodyBuilder(self.body.namer, region)
+        result = body(b, args + [acc])
+        maps = ", ".join(list(in_maps) + [out_map])
+        its = ", ".join(f'"{t}"' for t in iterators)
+        ins_txt = ""
+        if ins:
+            ins_txt = f"ins({', '.join(v.name for v in ins)} : {', '.join(v.type for v in ins)}) "
+        head = (f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{its}]}} "
+                f"{ins_txt}outs({init.name} : {init.type}) {{")
+        bb_args = ", ".join(f"{s.name}: {s.type}" for s in args + [acc])
+        name = self.body.namer("t")
+        lines = [f"    {name} = {head}", f"    ^bb0({bb_args}):", *region,
+                 f"      linalg.yield {result.name} : {result.type}",
+                 f"    }} -> {init.type} {self.loc}"]
+        self.body.lines.extend(lines)
+        return TensorValue(name, init.shape, init.dtype)
+
+    def broadcast_map(self, v: TensorValue, out_shape: Sequence[int]) -> str:
+        """Indexing map reading ``v`` broadcast (numpy rules, right-aligned) to ``out_shape``."""
+        rank = len(out_shape)
+        lead = rank - v.rank
+        if lead < 0:
+            raise self.fail(f"cannot broadcast {v.shape} to {tuple(out_shape)}")
+        res = []
+        for i, s in enumerate(v.shape):
+            d = lead + i
+            if s == out_shape[d]:
+                res.append(f"d{d}")
+            elif s == 1:
+                res.append("0")
+            else:
+                raise self.fail(f"cannot broadcast {v.shape} to {tuple(out_shape)}")
+        return affine_map(rank, res)
+
+    def identity_map(self, rank: int) -> str:
+        return affine_map(rank, [f"d{i}" for i in range(rank)])
+
+    def elementwise(self, fn: BodyFn, operands: Sequence[Operand], out_shape: Sequence[int],
+                    out_dtype: torch.dtype, compute_dtype: torch.dtype | Sequence[torch.dtype] | None = None
+                    ) -> TensorValue:
+        """``out = fn(b, *scalars)`` elementwise over broadcast operands.
+
+        Python numbers become constants of ``compute_dtype``; tensor operands are cast to
+        ``compute_dtype`` (one dtype, or one per operand) before ``fn`` and the result is cast to
+        ``out_dtype``.
+        """
+        out_shape = tuple(int(s) for s in out_shape)
+        n = len(operands)
+        cdts = list(compute_dtype) if isinstance(compute_dtype, (list, tuple)) else [compute_dtype] * n
+        tensors = [o for o in operands if isinstance(o, TensorValue)]
+        maps = [self.broadcast_map(t, out_shape) for t in tensors]
+        init = self.empty(out_shape, out_dtype)
+
+        def body(b: BodyBuilder, args: list[Scalar]) -> Scalar:
+            it = iter(args[:-1])
+            scalars = []
+            for o, cdt in zip(operands, cdts):
+                if isinstance(o, TensorValue):
+                    s = next(it)
+                    scalars.append(b.cast(s, cdt) if cdt is not None else s)
+                else:
+                    scalars.append(b.const(o, cdt if cdt is not None else _py_dtype(o)))
+            return b.cast(fn(b, *scalars), out_dtype)
+
+        return self.generic(tensors, maps, init, self.identity_map(len(out_shape)),
+                            ["parallel"] * len(out_shape), body)
+
+    def cast(self, v: TensorValue, dtype: torch.dtype) -> TensorValue:
+        if v.dtype == dtype:
+            return v
+        return self.elementwise(lambda b, x: x, [v], v.shape, dtype, compute_dtype=v.dtype)
+
+    def broadcast_to(self, v: TensorValue, shape: Sequence[int]) -> TensorValue:
+        """Materialise ``v`` broadcast to ``shape`` (only for ops that need a real tensor)."""
+        if tuple(shape) == v.shape:
+            return v
+        return self.elementwise(lambda b, x: x, [v], shape, v.dtype, compute_dtype=v.dtype)
+
+    # -- reductions ------------------------------------------------------------------------------
+    def reduce(self, v: TensorValue, dims: Sequence[int], keepdim: bool, init_value: float | int | bool,
+               combine: Callable[[BodyBuilder, Scalar, Scalar], Scalar], acc_dtype: torch.dtype,
+               pre: Callable[[BodyBuilder, Scalar], Scalar] | None = None) -> TensorValue:
+        """Reduce ``v`` over ``dims`` with ``combine(b, acc, x)`` starting from ``init_value``.
+
+        ``pre`` maps each element before combining (e.g. a cast or a square). Result dtype is
+        ``acc_dtype``; with ``keepdim`` reduced dims stay as size 1.
+        """
+        dims = sorted({d % v.rank for d in dims}) if v.rank else []
+        kept = [i for i in range(v.rank) if i not in dims]
+        out_shape = tuple(v.shape[i] for i in kept)
+        init = self.fill(out_shape, acc_dtype, init_value)
+        if numel(v.shape) == 0:
+            red = init
+        else:
+            iters = ["reduction" if i in dims else "parallel" for i in range(v.rank)]
+
+            def body(b: BodyBuilder, args: list[Scalar]) -> Scalar:
+                x, acc = args
+                x = pre(b, x) if pre else b.cast(x, acc_dtype)
+                return combine(b, acc, x)
+
+            red = self.generic([v], [self.identity_map(v.rank)], init,
+                               affine_map(v.rank, [f"d{i}" for i in kept]), iters, body)
+        if keepdim:
+            return self.reshape(red, tuple(1 if i in dims else v.shape[i] for i in range(v.rank)))
+        return red
+
+    # -- shape ops -------------------------------------------------------------------------------
+    def reshape(self, v: TensorValue, shape: Sequence[int]) -> TensorValue:
+        """Row-major reshape (``aten.view`` on values): collapse to 1-D, expand to ``shape``."""
+        shape = tuple(int(s) for s in shape)
+        if shape == v.shape:
+            return v
+        if numel(shape) != numel(v.shape):
+            raise self.fail(f"cannot reshape {v.shape} to {shape}")
+        if numel(shape) == 0:
+            return self.empty(shape, v.dtype)
+        flat = v
+        if v.rank != 1:
+            groups = f"[[{', '.join(str(i) for i in range(v.rank))}]]" if v.rank else "[]"
+            flat_shape = (numel(v.shape),)
+            if v.rank == 0:
+                flat = self.emit(f"tensor.expand_shape {v.name} [] output_shape [1] : {v.type} into "
+                                 f"{tensor_type(flat_shape, v.dtype)}", flat_shape, v.dtype)
+            else:
+                flat = self.emit(f"tensor.collapse_shape {v.name} {groups} : {v.type} into "
+                                 f"{tensor_type(flat_shape, v.dtype)}", flat_shape, v.dtype)
+        if len(shape) == 1:
+            return flat
+        out_t = tensor_type(shape, v.dtype)
+        if len(shape) == 0:
+            return self.emit(f"tensor.collapse_shape {flat.name} [] : {flat.type} into {out_t}", shape, v.dtype)
+        groups = f"[[{', '.join(str(i) for i in range(len(shape)))}]]"
+        return self.emit(f"tensor.expand_shape {flat.name} {groups} output_shape "
+                         f"[{', '.join(map(str, shape))}] : {flat.type} into {out_t}", shape, v.dtype)
+
+    def permute(self, v: TensorValue, perm: Sequence[int]) -> TensorValue:
+        """``linalg.transpose`` with ``permutation = perm`` (out dim i = in dim perm[i])."""
+        perm = [p % v.rank for p in perm] if v.rank else []
+        if perm == list(range(v.rank)):
+            return v
+        shape = tuple(v.shape[p] for p in perm)
+        init = self.empty(shape, v.dtype)
+        if numel(shape) == 0:
+            return init
+        return self.emit(f"linalg.transpose ins({v.name} : {v.type}) outs({init.name} : {init.type}) "
+                         f"permutation = [{', '.join(map(str, perm))}]", shape, v.dtype)
+
+    def extract_slice(self, v: TensorValue, offsets: Sequence[int], sizes: Sequence[int],
+                      strides: Sequence[int]) -> TensorValue:
+        shape = tuple(int(s) for s in sizes)
+        if numel(shape) == 0:
+            return self.empty(shape, v.dtype)
+        if tuple(offsets) == (0,) * v.rank and shape == v.shape and set(strides) <= {1}:
+            return v
+        return self.emit(
+            f"tensor.extract_slice {v.name}[{', '.join(map(str, offsets))}] [{', '.join(map(str, shape))}] "
+            f"[{', '.join(map(str, strides))}] : {v.type} to {tensor_type(shape, v.dtype)}", shape, v.dtype)
+
+    def insert_slice(self, src: TensorValue, dest: TensorValue, offsets: Sequence[int],
+                     strides: Sequence[int] | None = None) -> TensorValue:
+        if numel(src.shape) == 0:
+            return dest
+        strides = strides or [1] * dest.rank
+        return self.emit(
+            f"tensor.insert_slice {src.name} into {dest.name}[{', '.join(map(str, offsets))}] "
+            f"[{', '.join(map(str, src.shape))}] [{', '.join(map(str, strides))}] : {src.type} into {dest.type}",
+            dest.shape, dest.dtype)
+
+    # -- contractions ----------------------------------------------------------------------------
+    def matmul(self, a: TensorValue, b: TensorValue, out_dtype: torch.dtype) -> TensorValue:
+        """``linalg.matmul`` (2-D) or ``linalg.batch_matmul`` (3-D) into a zero-filled accumulator."""
+        if a.rank == 2:
+            shape, op = (a.shape[0], b.shape[1]), "linalg.matmul"
+        else:
+            shape, op = (a.shape[0], a.shape[1], b.shape[2]), "linalg.batch_matmul"
+        acc = self.fill(shape, out_dtype, 0)
+        if numel(shape) == 0 or a.shape[-1] == 0:
+            return acc
+        return self.emit(f"{op} ins({a.name}, {b.name} : {a.type}, {b.type}) outs({acc.name} : {acc.type}) "
+                         f"-> {acc.type}", shape, out_dtype)
+
+
+def _py_dtype(x: Any) -> torch.dtype:
+    if isinstance(x, bool):
+        return torch.bool
+    if isinstance(x, int):
+        return torch.int64
+    return torch.float32
+
+
+def result_dtype(a: Any, b: Any) -> torch.dtype:
+    """torch's type promotion of two operands (tensor values or Python scalars), as
+    ``torch.result_type``: 0-d tensors and scalars only promote across categories."""
+    def proxy(o: Any) -> Any:
+        if isinstance(o, TensorValue):
+            return torch.empty((1,) if o.rank else (), dtype=o.dtype)
+        return o
+    pa, pb = proxy(a), proxy(b)
+    if not isinstance(pa, torch.Tensor) and not isinstance(pb, torch.Tensor):
+        return torch.result_type(torch.tensor(pa), pb)
+    return torch.result_type(pa, pb) if isinstance(pa, torch.Tensor) else torch.result_type(pb, pa)

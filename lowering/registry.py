@@ -1,0 +1,81 @@
+"""The one op → lowering-rule registry.
+
+Modelled on JAX's ``mlir.register_lowering`` and Inductor's ``lowering.register_lowering``: a dict
+keyed by ATen ``OpOverload``; ``@register_lowering(aten.add.Tensor, ...)`` above a rule
+``(ctx, *args, **kwargs) -> TensorValue | tuple``. Passing an ``OpOverloadPacket`` registers every
+overload. Registering an op twice is an error.
+"""
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Callable
+
+import torch
+
+LoweringRule = Callable[..., object]
+
+_RULES: dict[torch._ops.OpOverload, LoweringRule] = {}
+_FAMILIES = ("elementwise", "reduction", "matmul", "shape", "indexing", "creation")
+_loaded = False
+
+
+def register_lowering(*ops: object) -> Callable[[LoweringRule], LoweringRule]:
+    """Register the decorated rule for ``ops`` (``OpOverload`` or ``OpOverloadPacket``).
+
+    Raises:
+        ValueError: an op already has a rule (rules must be unique).
+    """
+    def deco(fn: LoweringRule) -> LoweringRule:
+        for op in ops:
+            overloads = ([getattr(op, o) for o in op.overloads()]
+                         if isinstance(op, torch._ops.OpOverloadPacket) else [op])
+            for ov in overloads:
+                if ov in _RULES:
+                    raise ValueError(f"{ov} already has lowering rule {_RULES[ov].__name__}")
+                _RULES[ov] = fn
+        return fn
+    return deco
+
+
+def _load_rules() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for fam in _FAMILIES:
+            importlib.import_module(f"neuron_compile.lowering.rules.{fam}")
+
+
+def lowering_rules() -> dict[torch._ops.OpOverload, LoweringRule]:
+    """The registry (rule modules are imported on first use, keeping ``import`` cheap)."""
+    _load_rules()
+    return _RULES
+
+
+def get_lowering(op: object) -> LoweringRule | None:
+    return lowering_rules().get(op)  # type: ignore[arg-type]
+
+
+_FAMILY_PATTERNS = [
+    ("conv", r"conv"),
+    ("pooling", r"pool"),
+    ("norm", r"norm"),
+    ("indexing", r"index|gather|scatter|take|put|embedding|masked|nonzero"),
+    ("reduction", r"sum|mean|prod|max|min|var|std|any|all|sort|topk|cum|arg|logsumexp|median|mode"),
+    ("matmul", r"mm|matmul|dot|linear|einsum|baddbmm|addmv|mv$"),
+    ("shape", r"view|reshape|permute|cat|slice|select|squeeze|expand|pad|flip|roll|split|stack|"
+              r"transpose|unfold|narrow|as_strided|repeat|tile|diag|tril|triu"),
+    ("random", r"rand|bernoulli|normal|uniform|multinomial|dropout|poisson"),
+]
+
+
+def rule_file_for(op: object) -> str:
+    """Where a rule for ``op`` would go (``lowering/rules/<family>.py``), for error messages."""
+    name = getattr(op, "__name__", str(op)).split(".")[0]
+    tags = getattr(op, "tags", ())
+    if torch.Tag.pointwise in tags:
+        return "lowering/rules/elementwise.py"
+    for fam, pat in _FAMILY_PATTERNS:
+        if re.search(pat, name):
+            return f"lowering/rules/{fam}.py"
+    return "lowering/rules/elementwise.py"

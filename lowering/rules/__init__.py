@@ -1,0 +1,1 @@
+"""Lowering rules grouped by op family; each module registers its rules on import."""

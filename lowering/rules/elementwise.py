@@ -1,0 +1,303 @@
+"""Lowering rules for pointwise ATen ops: each becomes one ``linalg.generic`` with broadcast maps.
+
+Semantics follow PyTorch's reference implementations in ``torch/_refs/__init__.py``: arithmetic is
+computed in the result dtype of type promotion (the node's ``meta['val'].dtype``), comparisons in the
+promoted dtype of their operands.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from neuron_compile.lowering.context import LoweringContext, result_dtype
+from neuron_compile.lowering.ir import TensorValue
+from neuron_compile.lowering.registry import register_lowering
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _pointwise(ctx: LoweringContext, fn, *operands, compute=None) -> TensorValue:
+    shape, dtype = ctx.out_spec()
+    return ctx.elementwise(fn, operands, shape, dtype, compute_dtype=compute or dtype)
+
+
+def _with_alpha(ctx, a, b, alpha):
+    if alpha is None or alpha == 1:
+        return b, None
+    return b, alpha
+
+
+@register_lowering(aten.add.Tensor, aten.add.Scalar)
+def lower_add(ctx: LoweringContext, a, b, alpha=1) -> TensorValue:
+    if alpha != 1:
+        return _pointwise(ctx, lambda s, x, y, al: s.add(x, s.mul(y, al)), a, b, alpha)
+    return _pointwise(ctx, lambda s, x, y: s.add(x, y), a, b)
+
+
+@register_lowering(aten.sub.Tensor, aten.sub.Scalar)
+def lower_sub(ctx: LoweringContext, a, b, alpha=1) -> TensorValue:
+    if alpha != 1:
+        return _pointwise(ctx, lambda s, x, y, al: s.sub(x, s.mul(y, al)), a, b, alpha)
+    return _pointwise(ctx, lambda s, x, y: s.sub(x, y), a, b)
+
+
+@register_lowering(aten.rsub.Scalar, aten.rsub.Tensor)
+def lower_rsub(ctx: LoweringContext, a, b, alpha=1) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y, al: s.sub(y, s.mul(x, al)), a, b, alpha)
+
+
+@register_lowering(aten.mul.Tensor, aten.mul.Scalar)
+def lower_mul(ctx: LoweringContext, a, b) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.mul(x, y), a, b)
+
+
+@register_lowering(aten.div.Tensor, aten.div.Scalar, prims.div.default)
+def lower_div(ctx: LoweringContext, a, b) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.div(x, y), a, b)
+
+
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def lower_div_mode(ctx: LoweringContext, a, b, *, rounding_mode=None) -> TensorValue:
+    if rounding_mode is None:
+        return lower_div(ctx, a, b)
+    if rounding_mode == "trunc":
+        def fn(s, x, y):
+            q = s.div(x, y)
+            return s.unary("math.trunc", q) if q.dtype.is_floating_point else q
+        return _pointwise(ctx, fn, a, b)
+    if rounding_mode == "floor":
+        return _pointwise(ctx, lambda s, x, y: s.floordiv(x, y), a, b)
+    raise ctx.fail(f"unknown rounding_mode {rounding_mode!r}")
+
+
+@register_lowering(aten.remainder.Tensor, aten.remainder.Scalar)
+def lower_remainder(ctx: LoweringContext, a, b) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.rem(x, y), a, b)
+
+
+@register_lowering(aten.maximum.default)
+def lower_maximum(ctx: LoweringContext, a, b) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.maximum(x, y), a, b)
+
+
+@register_lowering(aten.minimum.default)
+def lower_minimum(ctx: LoweringContext, a, b) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.minimum(x, y), a, b)
+
+
+def _pow_scalar_exponent(s, x, e):
+    """``x ** e`` for a Python exponent; the special cases mirror ATen's CPU pow kernel."""
+    if isinstance(e, (int, float)) and float(e).is_integer() and 0 <= e <= 4:
+        return s.fma_like_pow_int(x, int(e))
+    if not x.dtype.is_floating_point:
+        return s.pow(x, s.const(int(e), x.dtype))
+    if e == 0.5:
+        return s.sqrt(x)
+    if e == -0.5:
+        return s.rsqrt(x)
+    if e == -1:
+        return s.div(s.const(1.0, x.dtype), x)
+    if e == -2:
+        return s.div(s.const(1.0, x.dtype), s.mul(x, x))
+    return s.pow(x, s.const(float(e), x.dtype))
+
+
+@register_lowering(aten.pow.Tensor_Scalar)
+def lower_pow_tensor_scalar(ctx: LoweringContext, a, exponent) -> TensorValue:
+    return _pointwise(ctx, lambda s, x: _pow_scalar_exponent(s, x, exponent), a)
+
+
+@register_lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def lower_pow(ctx: LoweringContext, a, b) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.pow(x, y), a, b)
+
+
+# -- comparisons and logic ------------------------------------------------------------------------
+def _comparison(pred: str):
+    def rule(ctx: LoweringContext, a, b) -> TensorValue:
+        return _pointwise(ctx, lambda s, x, y: s.cmp(pred, x, y), a, b, compute=result_dtype(a, b))
+    rule.__name__ = f"lower_{pred}"
+    return rule
+
+
+for _pred in ("eq", "ne", "lt", "le", "gt", "ge"):
+    _packet = getattr(aten, _pred)
+    register_lowering(_packet.Tensor, _packet.Scalar)(_comparison(_pred))
+
+
+def _logical(fn_name: str):
+    def rule(ctx: LoweringContext, a, b) -> TensorValue:
+        return _pointwise(ctx, lambda s, x, y: getattr(s, fn_name)(x, y), a, b, compute=torch.bool)
+    rule.__name__ = f"lower_{fn_name}"
+    return rule
+
+
+register_lowering(aten.logical_and.default)(_logical("logical_and"))
+register_lowering(aten.logical_or.default)(_logical("logical_or"))
+register_lowering(aten.logical_xor.default)(_logical("logical_xor"))
+
+
+@register_lowering(aten.logical_not.default)
+def lower_logical_not(ctx: LoweringContext, a) -> TensorValue:
+    return _pointwise(ctx, lambda s, x: s.logical_not(x), a, compute=torch.bool)
+
+
+def _bitwise(op: str):
+    def rule(ctx: LoweringContext, a, b) -> TensorValue:
+        return _pointwise(ctx, lambda s, x, y: s.bitwise(op, x, y), a, b)
+    rule.__name__ = f"lower_bitwise_{op}"
+    return rule
+
+
+for _op in ("and", "or", "xor"):
+    _packet = getattr(aten, f"bitwise_{_op}")
+    register_lowering(_packet.Tensor, _packet.Scalar)(_bitwise(_op))
+
+
+@register_lowering(aten.bitwise_not.default)
+def lower_bitwise_not(ctx: LoweringContext, a) -> TensorValue:
+    def fn(s, x):
+        if x.dtype == torch.bool:
+            return s.logical_not(x)
+        return s.bitwise("xor", x, s.const(-1, x.dtype))
+    return _pointwise(ctx, fn, a)
+
+
+@register_lowering(aten.where.self)
+def lower_where(ctx: LoweringContext, cond, a, b) -> TensorValue:
+    shape, dtype = ctx.out_spec()
+    return ctx.elementwise(lambda s, c, x, y: s.select(c, x, y), [cond, a, b], shape, dtype,
+                           compute_dtype=[torch.bool, dtype, dtype])
+
+
+@register_lowering(aten.clamp.default, aten.clamp.Tensor)
+def lower_clamp(ctx: LoweringContext, a, min=None, max=None) -> TensorValue:  # noqa: A002
+    operands = [a] + [v for v in (min, max) if v is not None]
+
+    def fn(s, x, *bounds):
+        it = iter(bounds)
+        if min is not None:
+            x = s.maximum(x, next(it))
+        if max is not None:
+            x = s.minimum(x, next(it))
+        return x
+    return _pointwise(ctx, fn, *operands)
+
+
+@register_lowering(aten.clamp_min.default)
+def lower_clamp_min(ctx: LoweringContext, a, m) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.maximum(x, y), a, m)
+
+
+@register_lowering(aten.clamp_max.default)
+def lower_clamp_max(ctx: LoweringContext, a, m) -> TensorValue:
+    return _pointwise(ctx, lambda s, x, y: s.minimum(x, y), a, m)
+
+
+# -- unary math -------------------------------------------------------------------------------------
+_UNARY_MATH = {
+    aten.exp.default: "math.exp", aten.log.default: "math.log", aten.sqrt.default: "math.sqrt",
+    aten.rsqrt.default: "math.rsqrt", aten.tanh.default: "math.tanh", aten.erf.default: "math.erf",
+    aten.sin.default: "math.sin", aten.cos.default: "math.cos", aten.floor.default: "math.floor",
+    aten.ceil.default: "math.ceil", aten.trunc.default: "math.trunc", aten.log1p.default: "math.log1p",
+    aten.expm1.default: "math.expm1", aten.exp2.default: "math.exp2", aten.log2.default: "math.log2",
+    aten.round.default: "math.roundeven",
+}
+
+
+def _unary(opname: str):
+    def rule(ctx: LoweringContext, a) -> TensorValue:
+        _, dtype = ctx.out_spec()
+        if not dtype.is_floating_point:  # floor/ceil/round/trunc of integers are identities
+            return _pointwise(ctx, lambda s, x: x, a)
+        return _pointwise(ctx, lambda s, x: s.unary(opname, x), a)
+    rule.__name__ = f"lower_{opname.split('.')[1]}"
+    return rule
+
+
+for _op, _name in _UNARY_MATH.items():
+    register_lowering(_op)(_unary(_name))
+
+
+@register_lowering(aten.neg.default)
+def lower_neg(ctx: LoweringContext, a) -> TensorValue:
+    return _pointwise(ctx, lambda s, x: s.neg(x), a)
+
+
+@register_lowering(aten.abs.default)
+def lower_abs(ctx: LoweringContext, a) -> TensorValue:
+    return _pointwise(ctx, lambda s, x: s.abs(x), a)
+
+
+@register_lowering(aten.reciprocal.default)
+def lower_reciprocal(ctx: LoweringContext, a) -> TensorValue:
+    return _pointwise(ctx, lambda s, x: s.div(s.const(1.0, x.dtype), x), a)
+
+
+@register_lowering(aten.sigmoid.default)
+def lower_sigmoid(ctx: LoweringContext, a) -> TensorValue:
+    return _pointwise(ctx, lambda s, x: s.sigmoid(x), a)
+
+
+@register_lowering(aten.relu.default)
+def lower_relu(ctx: LoweringContext, a) -> TensorValue:
+    return _pointwise(ctx, lambda s, x: s.maximum(x, s.const(0, x.dtype)), a)
+
+
+@register_lowering(aten.sign.default)
+def lower_sign(ctx: LoweringContext, a) -> TensorValue:
+    def fn(s, x):
+        if x.dtype == torch.bool:
+            return x
+        zero = s.const(0, x.dtype)
+        pos = s.cast(s.cmp("gt", x, zero), x.dtype)
+        neg = s.cast(s.cmp("lt", x, zero), x.dtype)
+        return s.sub(pos, neg)
+    return _pointwise(ctx, fn, a)
+
+
+@register_lowering(aten.isnan.default)
+def lower_isnan(ctx: LoweringContext, a) -> TensorValue:
+    def fn(s, x):
+        if not x.dtype.is_floating_point:
+            return s.const(False, torch.bool)
+        return s._emit(f"arith.cmpf uno, {x.name}, {x.name} : {x.type}", torch.bool)
+    return _pointwise(ctx, fn, a, compute=a.dtype)
+
+
+@register_lowering(aten.gelu.default)
+def lower_gelu(ctx: LoweringContext, a, approximate="none") -> TensorValue:
+    """GELU (Hendrycks & Gimpel 2016): ``x/2 (1 + erf(x/√2))``, or the tanh form
+    ``x/2 (1 + tanh(√(2/π)(x + 0.044715 x³)))`` when ``approximate='tanh'``; as ATen's CPU kernel."""
+    def fn(s, x):
+        half, one = s.const(0.5, x.dtype), s.const(1.0, x.dtype)
+        if approximate == "tanh":
+            k = s.const(math.sqrt(2.0 / math.pi), x.dtype)
+            c = s.const(0.044715, x.dtype)
+            inner = s.mul(k, s.add(x, s.mul(c, s.mul(x, s.mul(x, x)))))
+            return s.mul(s.mul(half, x), s.add(one, s.tanh(inner)))
+        return s.mul(s.mul(half, x), s.add(one, s.erf(s.mul(x, s.const(math.sqrt(0.5), x.dtype)))))
+    return _pointwise(ctx, fn, a)
+
+
+# -- dtype conversion and copies --------------------------------------------------------------------
+@register_lowering(aten._to_copy.default)
+def lower_to_copy(ctx: LoweringContext, a, *, dtype=None, layout=None, device=None, pin_memory=None,
+                  non_blocking=False, memory_format=None) -> TensorValue:
+    if device is not None and torch.device(device).type != "cpu":
+        raise ctx.fail(f"device {device} is not supported (host CPU target)")
+    _, out_dtype = ctx.out_spec()
+    return ctx.cast(a, out_dtype) if out_dtype != a.dtype else a
+
+
+@register_lowering(prims.convert_element_type.default)
+def lower_convert_element_type(ctx: LoweringContext, a, dtype) -> TensorValue:
+    return ctx.cast(a, dtype)
+
+
+@register_lowering(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default)
+def lower_clone(ctx: LoweringContext, a, *, memory_format=None) -> TensorValue:
+    # Values are immutable on tensors; strides of outputs are set when results are written.
+    return a

@@ -1,0 +1,129 @@
+"""Lowering rules for reductions: one ``linalg.generic`` with ``reduction`` iterators each.
+
+Identities and NaN behaviour follow ``torch/_refs/__init__.py`` (``amax`` propagates NaN, hence
+``arith.maximumf``). Floating sums accumulate in the result dtype, as ATen does for float32.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from neuron_compile.lowering.context import LoweringContext
+from neuron_compile.lowering.ir import TensorValue
+from neuron_compile.lowering.registry import register_lowering
+
+aten = torch.ops.aten
+
+
+def _dims(x: TensorValue, dim) -> list[int]:
+    """ATen's convention: ``None`` or ``[]`` reduces every dimension."""
+    if dim is None:
+        return list(range(x.rank))
+    if isinstance(dim, int):
+        dim = [dim]
+    return list(range(x.rank)) if len(dim) == 0 else [d % max(x.rank, 1) for d in dim]
+
+
+def _sum(ctx: LoweringContext, x: TensorValue, dims, keepdim: bool, dtype: torch.dtype) -> TensorValue:
+    return ctx.reduce(x, dims, keepdim, 0, lambda b, acc, v: b.add(acc, v), dtype)
+
+
+@register_lowering(aten.sum.dim_IntList)
+def lower_sum(ctx: LoweringContext, x, dim=None, keepdim=False, *, dtype=None) -> TensorValue:
+    _, out_dtype = ctx.out_spec()
+    return _sum(ctx, x, _dims(x, dim), keepdim, out_dtype)
+
+
+@register_lowering(aten.sum.default)
+def lower_sum_all(ctx: LoweringContext, x, *, dtype=None) -> TensorValue:
+    _, out_dtype = ctx.out_spec()
+    return _sum(ctx, x, _dims(x, None), False, out_dtype)
+
+
+def _mean(ctx: LoweringContext, x: TensorValue, dims, keepdim: bool) -> TensorValue:
+    shape, out_dtype = ctx.out_spec()
+    count = math.prod(x.shape[d] for d in dims)
+    total = _sum(ctx, x, dims, keepdim, out_dtype)
+    return ctx.elementwise(lambda b, s: b.div(s, b.const(float(count), out_dtype)), [total], shape, out_dtype,
+                           compute_dtype=out_dtype)
+
+
+@register_lowering(aten.mean.dim)
+def lower_mean(ctx: LoweringContext, x, dim=None, keepdim=False, *, dtype=None) -> TensorValue:
+    return _mean(ctx, x, _dims(x, dim), keepdim)
+
+
+@register_lowering(aten.mean.default)
+def lower_mean_all(ctx: LoweringContext, x, *, dtype=None) -> TensorValue:
+    return _mean(ctx, x, _dims(x, None), False)
+
+
+def _extreme(kind: str):
+    def rule(ctx: LoweringContext, x, dim=(), keepdim=False) -> TensorValue:
+        _, dtype = ctx.out_spec()
+        if dtype.is_floating_point:
+            init = -math.inf if kind == "max" else math.inf
+        elif dtype == torch.bool:
+            init = kind != "max"
+        else:
+            info = torch.iinfo(dtype)
+            init = info.min if kind == "max" else info.max
+        combine = (lambda b, acc, v: b.maximum(acc, v)) if kind == "max" else (lambda b, acc, v: b.minimum(acc, v))
+        if dtype == torch.bool:
+            combine = (lambda b, acc, v: b.logical_or(acc, v)) if kind == "max" else \
+                (lambda b, acc, v: b.logical_and(acc, v))
+        return ctx.reduce(x, _dims(x, dim), keepdim, init, combine, dtype)
+    rule.__name__ = f"lower_a{kind}"
+    return rule
+
+
+register_lowering(aten.amax.default)(_extreme("max"))
+register_lowering(aten.amin.default)(_extreme("min"))
+
+
+@register_lowering(aten.prod.default, aten.prod.dim_int)
+def lower_prod(ctx: LoweringContext, x, dim=None, keepdim=False, *, dtype=None) -> TensorValue:
+    _, out_dtype = ctx.out_spec()
+    return ctx.reduce(x, _dims(x, dim), keepdim, 1, lambda b, acc, v: b.mul(acc, v), out_dtype)
+
+
+@register_lowering(aten.any.default, aten.any.dim, aten.any.dims)
+def lower_any(ctx: LoweringContext, x, dim=None, keepdim=False) -> TensorValue:
+    return ctx.reduce(x, _dims(x, dim), keepdim, False, lambda b, acc, v: b.logical_or(acc, v), torch.bool)
+
+
+@register_lowering(aten.all.default, aten.all.dim, aten.all.dims)
+def lower_all(ctx: LoweringContext, x, dim=None, keepdim=False) -> TensorValue:
+    return ctx.reduce(x, _dims(x, dim), keepdim, True, lambda b, acc, v: b.logical_and(acc, v), torch.bool)
+
+
+def _var_mean(ctx: LoweringContext, x: TensorValue, dim, correction, keepdim: bool, dtype: torch.dtype):
+    """Two-pass variance ``Σ(x-μ)²/(N-correction)``; the two-pass form is what ATen's reference uses
+    for accuracy (Chan et al., *Algorithms for computing the sample variance*, 1983)."""
+    dims = _dims(x, dim)
+    count = math.prod(x.shape[d] for d in dims)
+    corr = 1 if correction is None else correction
+    mean_k = ctx.reduce(x, dims, True, 0, lambda b, acc, v: b.add(acc, v), dtype)
+    mean_k = ctx.elementwise(lambda b, s: b.div(s, b.const(float(count), dtype)), [mean_k], mean_k.shape, dtype,
+                             compute_dtype=dtype)
+    centred = ctx.elementwise(lambda b, v, m: b.mul(b.sub(v, m), b.sub(v, m)), [x, mean_k], x.shape, dtype,
+                              compute_dtype=dtype)
+    ssq = ctx.reduce(centred, dims, keepdim, 0, lambda b, acc, v: b.add(acc, v), dtype)
+    denom = max(count - corr, 0)
+    var = ctx.elementwise(lambda b, s: b.div(s, b.const(float(denom), dtype)), [ssq], ssq.shape, dtype,
+                          compute_dtype=dtype)
+    mean = mean_k if keepdim else ctx.reshape(mean_k, var.shape)
+    return var, mean
+
+
+@register_lowering(aten.var_mean.correction)
+def lower_var_mean(ctx: LoweringContext, x, dim=None, *, correction=None, keepdim=False):
+    _, dtype = ctx.out_spec(0)
+    return _var_mean(ctx, x, dim, correction, keepdim, dtype)
+
+
+@register_lowering(aten.var.correction)
+def lower_var(ctx: LoweringContext, x, dim=None, *, correction=None, keepdim=False) -> TensorValue:
+    _, dtype = ctx.out_spec()
+    return _var_mean(ctx, x, dim, correction, keepdim, dtype)[0]

@@ -1,0 +1,132 @@
+"""Lowering rules for view and shape ops on tensor values.
+
+On tensors a "view" is a value: ``view``/``reshape`` are row-major reshapes
+(``tensor.collapse_shape``/``expand_shape``), ``permute`` is ``linalg.transpose``, ``slice`` is
+``tensor.extract_slice``, ``expand`` is a broadcast indexing map. Aliasing of graph outputs is
+restored by the runtime from the FX node metadata, not here.
+"""
+from __future__ import annotations
+
+import torch
+
+from neuron_compile.lowering.context import LoweringContext
+from neuron_compile.lowering.ir import TensorValue
+from neuron_compile.lowering.registry import register_lowering
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+@register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+                   aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+                   aten.view.dtype)
+def lower_view(ctx: LoweringContext, x: TensorValue, *args) -> TensorValue:
+    shape, dtype = ctx.out_spec()
+    if dtype != x.dtype:
+        raise ctx.fail("view with a dtype change (bitcast) is not supported")
+    return ctx.reshape(x, shape)
+
+
+@register_lowering(aten.permute.default)
+def lower_permute(ctx: LoweringContext, x: TensorValue, dims) -> TensorValue:
+    return ctx.permute(x, dims)
+
+
+@register_lowering(aten.transpose.int)
+def lower_transpose(ctx: LoweringContext, x: TensorValue, d0: int, d1: int) -> TensorValue:
+    perm = list(range(x.rank))
+    if x.rank:
+        d0, d1 = d0 % x.rank, d1 % x.rank
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return ctx.permute(x, perm)
+
+
+@register_lowering(aten.t.default)
+def lower_t(ctx: LoweringContext, x: TensorValue) -> TensorValue:
+    return ctx.permute(x, [1, 0]) if x.rank == 2 else x
+
+
+@register_lowering(aten.expand.default, prims.broadcast_in_dim.default)
+def lower_expand(ctx: LoweringContext, x: TensorValue, *args, **kwargs) -> TensorValue:
+    shape, _ = ctx.out_spec()
+    if ctx.node.target == prims.broadcast_in_dim.default:
+        dims = args[1]
+        tmp = [1] * len(shape)
+        for i, d in enumerate(dims):
+            tmp[d] = x.shape[i]
+        x = ctx.reshape(x, tmp)
+    return ctx.broadcast_to(x, shape)
+
+
+def _slice_bounds(size: int, start, end, step: int) -> tuple[int, int, int]:
+    """Python/ATen slice normalisation (clamped, negative indices wrap) → (offset, length, step)."""
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    end = min(max(end, start), size)
+    return start, (end - start + step - 1) // step, step
+
+
+@register_lowering(aten.slice.Tensor)
+def lower_slice(ctx: LoweringContext, x: TensorValue, dim=0, start=None, end=None, step=1) -> TensorValue:
+    dim = dim % x.rank
+    off, length, step = _slice_bounds(x.shape[dim], start, end, step)
+    offsets = [0] * x.rank
+    sizes = list(x.shape)
+    strides = [1] * x.rank
+    offsets[dim], sizes[dim], strides[dim] = off, length, step
+    return ctx.extract_slice(x, offsets, sizes, strides)
+
+
+@register_lowering(aten.select.int)
+def lower_select(ctx: LoweringContext, x: TensorValue, dim: int, index: int) -> TensorValue:
+    dim = dim % x.rank
+    index = index % x.shape[dim]
+    offsets = [0] * x.rank
+    sizes = list(x.shape)
+    offsets[dim], sizes[dim] = index, 1
+    sl = ctx.extract_slice(x, offsets, sizes, [1] * x.rank)
+    shape, _ = ctx.out_spec()
+    return ctx.reshape(sl, shape)
+
+
+@register_lowering(aten.cat.default)
+def lower_cat(ctx: LoweringContext, tensors, dim=0) -> TensorValue:
+    shape, dtype = ctx.out_spec()
+    dim = dim % len(shape)
+    out = ctx.empty(shape, dtype)
+    offset = 0
+    for t in tensors:
+        if t.rank == 1 and t.shape[0] == 0 and len(shape) != 1:
+            continue  # legacy: cat skips 1-D empty tensors
+        t = ctx.cast(t, dtype)
+        offsets = [0] * len(shape)
+        offsets[dim] = offset
+        out = ctx.insert_slice(t, out, offsets)
+        offset += t.shape[dim]
+    return out
+
+
+@register_lowering(aten.slice_scatter.default)
+def lower_slice_scatter(ctx: LoweringContext, x: TensorValue, src: TensorValue, dim=0, start=None, end=None,
+                        step=1) -> TensorValue:
+    dim = dim % x.rank
+    off, _, step = _slice_bounds(x.shape[dim], start, end, step)
+    offsets = [0] * x.rank
+    strides = [1] * x.rank
+    offsets[dim], strides[dim] = off, step
+    return ctx.insert_slice(ctx.cast(src, x.dtype), x, offsets, strides)
+
+
+@register_lowering(aten.select_scatter.default)
+def lower_select_scatter(ctx: LoweringContext, x: TensorValue, src: TensorValue, dim: int, index: int
+                         ) -> TensorValue:
+    dim = dim % x.rank
+    index = index % x.shape[dim]
+    shape = list(x.shape)
+    shape[dim] = 1
+    offsets = [0] * x.rank
+    offsets[dim] = index
+    return ctx.insert_slice(ctx.reshape(ctx.cast(src, x.dtype), shape), x, offsets)

@@ -1,0 +1,199 @@
+"""Scalar arithmetic inside region bodies (``linalg.generic``, ``scf.for``) with torch's semantics.
+
+Float ops map to ``arith``/``math`` (MLIR dialect docs); integer ops to the signed ``arith`` ops,
+bool (``i1``) and ``uint8`` to the unsigned ones. Casts follow ``torch.Tensor.to`` (float→int
+truncates toward zero; X→bool is ``x != 0``).
+"""
+from __future__ import annotations
+
+import torch
+
+from neuron_compile.lowering.ir import UNSIGNED, Namer, Scalar, element_type, float_literal
+
+_CMP_F = {"eq": "oeq", "ne": "une", "lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge"}
+_CMP_SI = {"eq": "eq", "ne": "ne", "lt": "slt", "le": "sle", "gt": "sgt", "ge": "sge"}
+_CMP_UI = {"eq": "eq", "ne": "ne", "lt": "ult", "le": "ule", "gt": "ugt", "ge": "uge"}
+
+
+class ScalarBuilder:
+    """Appends scalar ops to a list of lines; every method returns a new :class:`Scalar`."""
+
+    def __init__(self, namer: Namer, lines: list[str], indent: str = "      "):
+        self.namer, self.lines, self.indent = namer, lines, indent
+
+    def _emit(self, text: str, dtype: torch.dtype) -> Scalar:
+        name = self.namer("s")
+        self.lines.append(f"{self.indent}{name} = {text}")
+        return Scalar(name, dtype)
+
+    # -- constants and casts -------------------------------------------------------------------
+    def const(self, value: float | int | bool, dtype: torch.dtype) -> Scalar:
+        ty = element_type(dtype)
+        if dtype == torch.bool:
+            lit = "true" if value else "false"
+        elif dtype.is_floating_point:
+            lit = float_literal(float(value), dtype)
+        else:
+            lit = str(int(value))
+        return self._emit(f"arith.constant {lit} : {ty}", dtype)
+
+    def cast(self, x: Scalar, dtype: torch.dtype) -> Scalar:
+        src, dst = x.dtype, dtype
+        if src == dst:
+            return x
+        st, dt = element_type(src), element_type(dst)
+        if dst == torch.bool:
+            zero = self.const(0, src)
+            return self.cmp("ne", x, zero)
+        if src.is_floating_point and dst.is_floating_point:
+            bits = {torch.float16: 16, torch.bfloat16: 16, torch.float32: 32, torch.float64: 64}
+            if st == dt:
+                return x
+            if (src, dst) in ((torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)):
+                return self.cast(self.cast(x, torch.float32), dst)
+            op = "arith.extf" if bits[src] < bits[dst] else "arith.truncf"
+            return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
+        if not src.is_floating_point and dst.is_floating_point:
+            op = "arith.uitofp" if src in UNSIGNED else "arith.sitofp"
+            return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
+        if src.is_floating_point and not dst.is_floating_point:
+            op = "arith.fptoui" if dst in UNSIGNED else "arith.fptosi"
+            return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
+        sb, db = int(st[1:]), int(dt[1:])
+        if sb == db:
+            return Scalar(x.name, dst)
+        if sb < db:
+            op = "arith.extui" if src in UNSIGNED else "arith.extsi"
+            return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
+        return self._emit(f"arith.trunci {x.name} : {st} to {dt}", dst)
+
+    # -- arithmetic ------------------------------------------------------------------------------
+    def _bin(self, fop: str, iop: str | None, a: Scalar, b: Scalar, uop: str | None = None) -> Scalar:
+        assert a.dtype == b.dtype, (a, b)
+        if a.dtype.is_floating_point:
+            op = fop
+        elif a.dtype in UNSIGNED and uop is not None:
+            op = uop
+        else:
+            op = iop
+        if op is None:
+            raise TypeError(f"{fop} has no integer form")
+        return self._emit(f"{op} {a.name}, {b.name} : {a.type}", a.dtype)
+
+    def add(self, a: Scalar, b: Scalar) -> Scalar:
+        if a.dtype == torch.bool:
+            return self._emit(f"arith.ori {a.name}, {b.name} : i1", torch.bool)
+        return self._bin("arith.addf", "arith.addi", a, b)
+
+    def sub(self, a: Scalar, b: Scalar) -> Scalar:
+        return self._bin("arith.subf", "arith.subi", a, b)
+
+    def mul(self, a: Scalar, b: Scalar) -> Scalar:
+        if a.dtype == torch.bool:
+            return self._emit(f"arith.andi {a.name}, {b.name} : i1", torch.bool)
+        return self._bin("arith.mulf", "arith.muli", a, b)
+
+    def div(self, a: Scalar, b: Scalar) -> Scalar:
+        """True division on floats; on integers truncating division (``rounding_mode='trunc'``)."""
+        return self._bin("arith.divf", "arith.divsi", a, b, uop="arith.divui")
+
+    def floordiv(self, a: Scalar, b: Scalar) -> Scalar:
+        if a.dtype.is_floating_point:
+            return self.unary("math.floor", self.div(a, b))
+        return self._bin("", "arith.floordivsi", a, b, uop="arith.divui")
+
+    def rem(self, a: Scalar, b: Scalar) -> Scalar:
+        """``torch.remainder``: result has the sign of the divisor (Python ``%``)."""
+        r = self._bin("arith.remf", "arith.remsi", a, b, uop="arith.remui")
+        if a.dtype in UNSIGNED:
+            return r
+        zero = self.const(0, a.dtype)
+        fix = self.logical_and(self.cmp("ne", r, zero),
+                               self.cmp("ne", self.cmp("lt", r, zero), self.cmp("lt", b, zero)))
+        return self.select(fix, self.add(r, b), r)
+
+    def neg(self, a: Scalar) -> Scalar:
+        if a.dtype.is_floating_point:
+            return self._emit(f"arith.negf {a.name} : {a.type}", a.dtype)
+        return self.sub(self.const(0, a.dtype), a)
+
+    def maximum(self, a: Scalar, b: Scalar) -> Scalar:
+        """NaN-propagating maximum, as ``torch.maximum``/``amax``."""
+        return self._bin("arith.maximumf", "arith.maxsi", a, b, uop="arith.maxui")
+
+    def minimum(self, a: Scalar, b: Scalar) -> Scalar:
+        return self._bin("arith.minimumf", "arith.minsi", a, b, uop="arith.minui")
+
+    def abs(self, a: Scalar) -> Scalar:
+        if a.dtype.is_floating_point:
+            return self.unary("math.absf", a)
+        if a.dtype in UNSIGNED:
+            return a
+        return self._emit(f"math.absi {a.name} : {a.type}", a.dtype)
+
+    def cmp(self, pred: str, a: Scalar, b: Scalar) -> Scalar:
+        assert a.dtype == b.dtype, (a, b)
+        if a.dtype.is_floating_point:
+            return self._emit(f"arith.cmpf {_CMP_F[pred]}, {a.name}, {b.name} : {a.type}", torch.bool)
+        table = _CMP_UI if a.dtype in UNSIGNED else _CMP_SI
+        return self._emit(f"arith.cmpi {table[pred]}, {a.name}, {b.name} : {a.type}", torch.bool)
+
+    def select(self, cond: Scalar, a: Scalar, b: Scalar) -> Scalar:
+        assert a.dtype == b.dtype and cond.dtype == torch.bool, (cond, a, b)
+        return self._emit(f"arith.select {cond.name}, {a.name}, {b.name} : {a.type}", a.dtype)
+
+    def logical_and(self, a: Scalar, b: Scalar) -> Scalar:
+        return self._emit(f"arith.andi {a.name}, {b.name} : i1", torch.bool)
+
+    def logical_or(self, a: Scalar, b: Scalar) -> Scalar:
+        return self._emit(f"arith.ori {a.name}, {b.name} : i1", torch.bool)
+
+    def logical_xor(self, a: Scalar, b: Scalar) -> Scalar:
+        return self._emit(f"arith.xori {a.name}, {b.name} : i1", torch.bool)
+
+    def logical_not(self, a: Scalar) -> Scalar:
+        return self.logical_xor(a, self.const(True, torch.bool))
+
+    def bitwise(self, op: str, a: Scalar, b: Scalar) -> Scalar:
+        """``op`` in and/or/xor on integer or bool operands."""
+        return self._emit(f"arith.{op}i {a.name}, {b.name} : {a.type}", a.dtype)
+
+    # -- transcendental (floats only) -------------------------------------------------------------
+    def unary(self, op: str, a: Scalar) -> Scalar:
+        """A one-operand ``math``/``arith`` float op such as ``math.exp``."""
+        return self._emit(f"{op} {a.name} : {a.type}", a.dtype)
+
+    def exp(self, a: Scalar) -> Scalar:
+        return self.unary("math.exp", a)
+
+    def log(self, a: Scalar) -> Scalar:
+        return self.unary("math.log", a)
+
+    def sqrt(self, a: Scalar) -> Scalar:
+        return self.unary("math.sqrt", a)
+
+    def rsqrt(self, a: Scalar) -> Scalar:
+        return self.unary("math.rsqrt", a)
+
+    def tanh(self, a: Scalar) -> Scalar:
+        return self.unary("math.tanh", a)
+
+    def erf(self, a: Scalar) -> Scalar:
+        return self.unary("math.erf", a)
+
+    def sigmoid(self, a: Scalar) -> Scalar:
+        one = self.const(1.0, a.dtype)
+        return self.div(one, self.add(one, self.exp(self.neg(a))))
+
+    def pow(self, a: Scalar, b: Scalar) -> Scalar:
+        """``torch.pow``: floats through ``math.powf``; integers through ``math.ipowi``."""
+        if a.dtype.is_floating_point:
+            return self._emit(f"math.powf {a.name}, {b.name} : {a.type}", a.dtype)
+        return self._emit(f"math.ipowi {a.name}, {b.name} : {a.type}", a.dtype)
+
+    def fma_like_pow_int(self, a: Scalar, n: int) -> Scalar:
+        """``a ** n`` for a small non-negative integer ``n`` by repeated multiplication (exact for squares)."""
+        result = self.const(1, a.dtype)
+        for _ in range(n):
+            result = self.mul(result, a)
+        return result

@@ -1,0 +1,104 @@
+"""The ``neuron`` backend for ``torch.compile``.
+
+Registered through the ``torch_dynamo_backends`` entry point, so ``torch.compile(m, backend="neuron")``
+works without importing this package. Dynamo hands us a torch-level FX graph; AOTAutograd (with our
+decomposition table) turns it into ATen forward/backward graphs, each compiled by
+:func:`neuron_compile.compiler.compile_graph`. ``neuron_backend`` is one module-level object: Dynamo
+caches per backend identity, and a new object per call would recompile every time.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from neuron_compile.config import resolve_config
+from neuron_compile.errors import DynamicShapeError
+
+_OUR_ENTRY = "neuron_compile.backend:neuron_backend"
+
+
+def _warn_on_conflicting_registration() -> None:
+    try:
+        eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    except Exception:  # metadata of a broken install must not break compile
+        return
+    others = [ep for ep in eps if ep.name == "neuron" and ep.value != _OUR_ENTRY]
+    if others:
+        names = ", ".join(f"{ep.value} (from {getattr(ep.dist, 'name', '?')})" for ep in others)
+        warnings.warn(
+            "\n*** Two torch.compile backends are registered under the name 'neuron': neuron-compile "
+            f"({_OUR_ENTRY}) and {names}. torch.compile(backend='neuron') may pick either one. "
+            "Pass the backend object instead: torch.compile(m, backend=neuron_compile.backend.neuron_backend), "
+            "or uninstall one of them. ***", RuntimeWarning, stacklevel=2)
+
+
+_warn_on_conflicting_registration()
+
+
+def _check_static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, x in enumerate(example_inputs):
+        sym = isinstance(x, torch.SymInt) or (
+            isinstance(x, torch.Tensor) and any(not isinstance(s, int) for s in x.shape))
+        if sym:
+            node = placeholders[i] if i < len(placeholders) else None
+            ga = node.meta.get("grapharg") if node is not None else None
+            label = ga.source.name() if ga is not None and getattr(ga, "source", None) else \
+                (node.name if node is not None else f"#{i}")
+            raise DynamicShapeError(f"input {label}")
+
+
+def _boxed(fn: Callable[[list], list]) -> Callable[[list], list]:
+    def run(args: list) -> list:
+        try:
+            return fn(args)
+        finally:
+            args.clear()
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+class NeuronBackend:
+    """``backend(gm, example_inputs, options=None)`` as Dynamo calls it.
+
+    Args:
+        gm: Dynamo's FX graph. example_inputs: its example tensors (static shapes required).
+        options: ``torch.compile(options=...)``, see :class:`neuron_compile.config.Config`.
+    Returns:
+        A callable with Dynamo's calling convention (AOTAutograd's runtime wrapper).
+    Raises:
+        DynamicShapeError: a symbolic size (use ``dynamic=False``). UnsupportedOpsError and the
+        other :mod:`neuron_compile.errors` from compilation, surfaced by Dynamo as
+        ``BackendCompilerFailed`` with our message inside.
+    """
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 options: Mapping[str, Any] | None = None) -> Callable:
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from neuron_compile.compiler import compile_graph
+        from neuron_compile.passes.decompose import decomposition_table
+
+        config = resolve_config(options)
+        _check_static(gm, example_inputs)
+        counters = torch._dynamo.utils.counters["neuron"]
+
+        def compiler(kind: str):
+            def compile_one(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
+                exe = compile_graph(graph, config, kind)
+                counters["graphs_compiled"] += 1
+                return _boxed(exe)
+            return compile_one
+
+        return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler("forward"),
+                                     bw_compiler=compiler("backward"),
+                                     inference_compiler=compiler("inference"),
+                                     decompositions=decomposition_table())
+
+    def __repr__(self) -> str:
+        return "neuron_backend"
+
+
+neuron_backend = NeuronBackend()

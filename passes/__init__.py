@@ -1,0 +1,1 @@
+"""FX-graph passes (decomposition, canonicalization, checks); imported as ``neuron_compile.passes``."""

@@ -1,0 +1,66 @@
+"""The decomposition table handed to AOTAutograd, as data.
+
+Starts from ``torch._decomp.core_aten_decompositions()`` (the core ATen opset, as Inductor and
+torch-mlir do), adds reference decompositions from ``torch._decomp`` for composite ops we do not
+lower, and our own entries. Each extra entry carries a one-line reason. An op is either decomposed
+or lowered, never both: ops that have a lowering rule are taken out of the core table, and
+:func:`check_disjoint` (run when the table is built) fails if one of *our* entries is also lowered.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+# Reference decompositions from torch._decomp that are not in the core table.
+EXTRA_REFERENCE: dict[object, str] = {
+    aten.native_layer_norm: "var_mean + rsqrt + affine: elementwise and reductions we already lower",
+    aten._softmax: "amax, sub, exp, sum, div: numerically stable form (torch._decomp)",
+    aten._log_softmax: "amax, sub, exp, sum, log, sub (torch._decomp)",
+    aten.addcmul: "mul + add",
+    aten.addcdiv: "div + mul + add",
+}
+
+
+def _native_dropout(input: torch.Tensor, p: float, train: bool | None):
+    """Dropout whose mask is drawn exactly as eager CPU dropout draws it.
+
+    Eager ``F.dropout`` (ATen ``_dropout``) does ``empty_like(x).bernoulli_(1 - p)`` then scales by
+    ``1/(1-p)``; we keep that one ``bernoulli`` op (run on the host with torch's generator) so the
+    random stream, and so training, matches eager bit for bit in the mask.
+    """
+    if not train or p == 0:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    if p == 1:
+        return torch.zeros_like(input), torch.zeros_like(input, dtype=torch.bool)
+    noise = torch.bernoulli(torch.empty_like(input), 1 - p)
+    return input * noise * (1.0 / (1 - p)), noise.to(torch.bool)
+
+
+OURS: dict[object, tuple[Callable, str]] = {
+    aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
+}
+
+
+def check_disjoint(table: dict, lowered: dict) -> None:
+    """Raise ``RuntimeError`` if an op we chose to decompose also has a lowering rule."""
+    ours = set(OURS) | set(get_decompositions(list(EXTRA_REFERENCE)))
+    both = sorted(str(op) for op in ours if op in lowered)
+    if both:
+        raise RuntimeError(f"ops both decomposed and lowered: {both}; remove one of the two")
+
+
+@lru_cache(maxsize=1)
+def decomposition_table() -> dict:
+    """``{OpOverload: decomposition}`` for AOTAutograd (built once per process)."""
+    from neuron_compile.lowering.registry import lowering_rules
+    lowered = lowering_rules()
+    table = {op: fn for op, fn in core_aten_decompositions().items() if op not in lowered}
+    table.update(get_decompositions(list(EXTRA_REFERENCE)))
+    table.update({op: fn for op, (fn, _reason) in OURS.items()})
+    check_disjoint(table, lowered)
+    return table

@@ -1,0 +1,39 @@
+"""``verify-lowerable``: every call in the graph has a lowering rule, or compilation fails with
+*one* :class:`~neuron_compile.errors.UnsupportedOpsError` listing every missing op and its user
+source line. There is no silent fallback to eager.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+
+from neuron_compile.errors import UnsupportedOp, UnsupportedOpsError
+
+
+def unsupported_ops(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
+    """The nodes of ``gm`` with no lowering rule (random ops run on the host and need none)."""
+    from neuron_compile.lowering.locations import op_name, user_location
+    from neuron_compile.lowering.registry import get_lowering, rule_file_for
+    missing = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        if torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
+            continue
+        if get_lowering(n.target) is None:
+            missing.append(UnsupportedOp(op_name(n), n.name, user_location(n), rule_file_for(n.target)))
+    return missing
+
+
+@dataclass(frozen=True)
+class VerifyLowerable:
+    name: str = "verify-lowerable"
+    graph_name: str = "graph"
+
+    def run(self, gm: torch.fx.GraphModule) -> bool:
+        missing = unsupported_ops(gm)
+        if missing:
+            raise UnsupportedOpsError(missing, self.graph_name)
+        return False
