@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, element_type, numel, tensor_type
+from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, numel, storage_type, tensor_type
 from neuron_compile.lowering.scalar import ScalarBuilder
 from neuron_compile.errors import LoweringError
 
@@ -37,7 +37,23 @@ class BodyBuilder(ScalarBuilder):
             name = self.namer("x")
             self.lines.append(f"{self.indent}{name} = arith.index_cast {s.name} : i64 to index")
             idx.append(name)
+        if t.dtype == torch.bool:
+            raw = self._emit(f"tensor.extract {t.name}[{', '.join(idx)}] : {t.type}", torch.uint8)
+            return self.from_storage(raw.name, torch.bool)
         return self._emit(f"tensor.extract {t.name}[{', '.join(idx)}] : {t.type}", t.dtype)
+
+    def from_storage(self, name: str, dtype: torch.dtype) -> Scalar:
+        """A scalar read from a tensor: ``bool`` is stored as ``i8`` and becomes ``i1`` here."""
+        if dtype == torch.bool:
+            return self._emit(f"arith.trunci {name} : i8 to i1", torch.bool)
+        return Scalar(name, dtype)
+
+    def to_storage(self, s: Scalar) -> Scalar:
+        """The value to store into a tensor (``i1`` → ``i8`` for ``bool``)."""
+        if s.dtype == torch.bool:
+            out = self._emit(f"arith.extui {s.name} : i1 to i8", torch.uint8)
+            return Scalar(out.name, torch.bool)
+        return s
 
 
 @dataclass
@@ -88,14 +104,17 @@ class LoweringContext:
         return self.emit(f"tensor.empty() : {tensor_type(shape, dtype)}", shape, dtype)
 
     def scalar_const(self, value: float | int | bool, dtype: torch.dtype) -> Scalar:
+        """A constant in storage form (``bool`` as an ``i8`` 0/1)."""
         sb = ScalarBuilder(self.body.namer, self.body.lines, indent="    ")
+        if dtype == torch.bool:
+            return Scalar(sb.const(int(bool(value)), torch.int8).name, torch.bool)
         return sb.const(value, dtype)
 
     def fill(self, shape: Sequence[int], dtype: torch.dtype, value: float | int | bool) -> TensorValue:
         """A tensor of ``shape`` filled with ``value`` (``linalg.fill``)."""
         e = self.empty(shape, dtype)
         c = self.scalar_const(value, dtype)
-        return self.emit(f"linalg.fill ins({c.name} : {c.type}) outs({e.name} : {e.type}) -> {e.type}",
+        return self.emit(f"linalg.fill ins({c.name} : {storage_type(dtype)}) outs({e.name} : {e.type}) -> {e.type}",
                          e.shape, dtype)
 
     # -- linalg.generic --------------------------------------------------------------------------
@@ -113,7 +132,7 @@ class LoweringContext:
         acc = Scalar(self.body.namer("a"), init.dtype)
         region: list[str] = []
         b = BodyBuilder(self.body.namer, region)
-        result = body(b, args + [acc])
+        result = b.to_storage(body(b, [b.from_storage(a.name, a.dtype) for a in args + [acc]]))
         maps = ", ".join(list(in_maps) + [out_map])
         its = ", ".join(f'"{t}"' for t in iterators)
         ins_txt = ""
@@ -121,10 +140,10 @@ class LoweringContext:
             ins_txt = f"ins({', '.join(v.name for v in ins)} : {', '.join(v.type for v in ins)}) "
         head = (f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{its}]}} "
                 f"{ins_txt}outs({init.name} : {init.type}) {{")
-        bb_args = ", ".join(f"{s.name}: {s.type}" for s in args + [acc])
+        bb_args = ", ".join(f"{s.name}: {storage_type(s.dtype)}" for s in args + [acc])
         name = self.body.namer("t")
         lines = [f"    {name} = {head}", f"    ^bb0({bb_args}):", *region,
-                 f"      linalg.yield {result.name} : {result.type}",
+                 f"      linalg.yield {result.name} : {storage_type(result.dtype)}",
                  f"    }} -> {init.type} {self.loc}"]
         self.body.lines.extend(lines)
         return TensorValue(name, init.shape, init.dtype)

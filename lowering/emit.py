@@ -137,7 +137,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
         return TensorValue(t, spec.shape, spec.dtype)
 
     for i, (n, spec) in enumerate(zip(placeholders, input_specs)):
-        env[n] = bind_input(f"in{i}", spec)
+        env[n] = bind_input(f"arg_in{i}", spec)
     input_storage = {_storage(n.meta["val"]): i for i, n in enumerate(placeholders)}
 
     host_ops: list[HostOp] = []
@@ -157,7 +157,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
                               contiguous_strides(tuple(node.meta["val"].shape)))
             host_specs.append(spec)
             host_index[node] = len(host_ops) - 1
-            env[node] = bind_input(f"host{len(host_ops) - 1}", spec)
+            env[node] = bind_input(f"arg_host{len(host_ops) - 1}", spec)
             continue
         rule = get_lowering(node.target)
         ctx = LoweringContext(body, node, mlir_location(node))
@@ -195,9 +195,9 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
             output_specs.append(spec)
             v = env[n]
             mt = memref_type(spec.shape, spec.dtype, spec.stride)
-            sigs_out.append(f"%out{kernel_index[n]}: {mt}")
+            sigs_out.append(f"%arg_out{kernel_index[n]}: {mt}")
             stores.append(f"    bufferization.materialize_in_destination {v.name} in restrict writable "
-                          f"%out{kernel_index[n]} : ({v.type}, {mt}) -> ()")
+                          f"%arg_out{kernel_index[n]} : ({v.type}, {mt}) -> ()")
         return kernel_index[n]
 
     sigs_out: list[str] = []

@@ -37,6 +37,12 @@ def element_type(dtype: torch.dtype) -> str:
         raise LoweringError(f"dtype {dtype} has no MLIR element type in neuron-compile") from None
 
 
+def storage_type(dtype: torch.dtype) -> str:
+    """Element type of tensors/memrefs: like :func:`element_type` but ``bool`` is stored as ``i8``
+    (one byte, as torch stores it; MLIR's memref-to-LLVM lowering rejects ``i1`` stores)."""
+    return "i8" if dtype == torch.bool else element_type(dtype)
+
+
 def is_float(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point
 
@@ -44,15 +50,15 @@ def is_float(dtype: torch.dtype) -> bool:
 def tensor_type(shape: tuple[int, ...], dtype: torch.dtype) -> str:
     """``tensor<4x8xf32>``; ``tensor<f32>`` for 0-d."""
     dims = "".join(f"{d}x" for d in shape)
-    return f"tensor<{dims}{element_type(dtype)}>"
+    return f"tensor<{dims}{storage_type(dtype)}>"
 
 
 def memref_type(shape: tuple[int, ...], dtype: torch.dtype, strides: tuple[int, ...]) -> str:
     """A memref with the exact element strides of a torch tensor (identity layout if contiguous)."""
     dims = "".join(f"{d}x" for d in shape)
     if tuple(strides) == contiguous_strides(shape):
-        return f"memref<{dims}{element_type(dtype)}>"
-    return f"memref<{dims}{element_type(dtype)}, strided<[{', '.join(map(str, strides))}]>>"
+        return f"memref<{dims}{storage_type(dtype)}>"
+    return f"memref<{dims}{storage_type(dtype)}, strided<[{', '.join(map(str, strides))}]>>"
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -73,16 +79,16 @@ def affine_map(rank: int, results: list[str]) -> str:
     return f"affine_map<({dims}) -> ({', '.join(results)})>"
 
 
+_BITS_AS = {torch.float32: (torch.int32, 8), torch.float64: (torch.int64, 16),
+            torch.float16: (torch.int16, 4), torch.bfloat16: (torch.int16, 4)}
+
+
 def float_literal(value: float, dtype: torch.dtype) -> str:
-    """A literal accepted by ``arith.constant`` for a float type (hex for inf/nan)."""
-    if math.isnan(value):
-        return {"f32": "0x7FC00000", "f64": "0x7FF8000000000000", "f16": "0x7E00",
-                "bf16": "0x7FC0"}[element_type(dtype)]
-    if math.isinf(value):
-        pos = value > 0
-        return {"f32": ("0x7F800000", "0xFF800000"), "f64": ("0x7FF0000000000000", "0xFFF0000000000000"),
-                "f16": ("0x7C00", "0xFC00"), "bf16": ("0x7F80", "0xFF80")}[element_type(dtype)][0 if pos else 1]
-    return repr(float(value))
+    """The exact bit pattern of ``value`` rounded to ``dtype`` as torch rounds it, as a hex literal
+    (MLIR accepts hex float literals for ``arith.constant``; no decimal round trip)."""
+    int_dtype, digits = _BITS_AS[dtype]
+    bits = torch.tensor(value, dtype=dtype).view(int_dtype).item() & ((1 << (4 * digits)) - 1)
+    return f"0x{bits:0{digits}X}"
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,7 @@ def lower_index_put(ctx: LoweringContext, x: TensorValue, indices, values: Tenso
               f"    {cn} = arith.constant {n} : index",
               f"    {res} = scf.for {i} = {c0} to {cn} step {c1} iter_args({acc} = {x.name}) -> ({x.type}) {{"]
     b = BodyBuilder(nm, lines, indent="      ")
-    raw = b._emit(f"tensor.extract {flat_idx.name}[{i}] : {flat_idx.type}", idx.dtype)
+    raw = b._emit(f"tensor.extract {flat_idx.name}[{i}] : {flat_idx.type}", idx.dtype)  # int index
     r = nm("x")
     safe = _safe_index(b, raw, x.shape[0])
     lines.append(f"      {r} = arith.index_cast {safe.name} : i64 to index")
