@@ -145,6 +145,9 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     host_index: dict[torch.fx.Node, int] = {}
     op_count = 0
     for node in graph.nodes:
+        if node.op == "get_attr":
+            env[node] = _constant(body, node, _fetch_attr(gm, node.target))
+            continue
         if node.op != "call_function":
             continue
         if node.target is operator.getitem:
@@ -235,6 +238,32 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
                  *prologue, *body.lines, *stores, "    return", "  }", "}"]
         mlir = "\n".join(lines) + "\n"
     return LoweredGraph(mlir, input_specs, host_ops, host_specs, output_specs, slots, op_count)
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _constant(body: FunctionBody, node: torch.fx.Node, value: Any) -> TensorValue:
+    """A tensor constant lifted by Dynamo/AOTAutograd, inlined as an ``arith.constant`` dense hex blob
+    (raw little-endian bytes: exact for every dtype)."""
+    if not isinstance(value, torch.Tensor):
+        raise LoweringError(f"graph attribute {node.target} is a {type(value).__name__}, not a tensor",
+                            node=node.name)
+    t = value.detach().contiguous().cpu()
+    shape = tuple(t.shape)
+    ty = tensor_type(shape, t.dtype)
+    name = body.namer("cst")
+    if t.numel() == 0:
+        body.lines.append(f"    {name} = tensor.empty() : {ty}")
+    else:
+        blob = t.view(torch.uint8).numpy().tobytes().hex().upper() if t.dtype != torch.bool else \
+            t.to(torch.uint8).numpy().tobytes().hex().upper()
+        body.lines.append(f'    {name} = arith.constant dense<"0x{blob}"> : {ty} {mlir_location(node)}')
+    return TensorValue(name, shape, t.dtype)
 
 
 def _host_op(node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> HostOp:

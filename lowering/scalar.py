@@ -30,8 +30,8 @@ class ScalarBuilder:
     def const(self, value: float | int | bool, dtype: torch.dtype) -> Scalar:
         ty = element_type(dtype)
         if dtype == torch.bool:
-            lit = "true" if value else "false"
-        elif dtype.is_floating_point:
+            return self._emit(f"arith.constant {'true' if value else 'false'}", dtype)
+        if dtype.is_floating_point:
             lit = float_literal(float(value), dtype)
         else:
             lit = str(int(value))

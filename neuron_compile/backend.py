@@ -46,8 +46,10 @@ def _check_static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> No
         if sym:
             node = placeholders[i] if i < len(placeholders) else None
             ga = node.meta.get("grapharg") if node is not None else None
-            label = ga.source.name() if ga is not None and getattr(ga, "source", None) else \
-                (node.name if node is not None else f"#{i}")
+            source = getattr(ga, "source", None)
+            label = getattr(source, "name", None) if source is not None else None
+            label = label() if callable(label) else label
+            label = label or (node.name if node is not None else f"#{i}")
             raise DynamicShapeError(f"input {label}")
 
 
@@ -78,6 +80,7 @@ class NeuronBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  options: Mapping[str, Any] | None = None) -> Callable:
         from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from neuron_compile.compiler import compile_graph
         from neuron_compile.passes.decompose import decomposition_table
 
@@ -87,7 +90,9 @@ class NeuronBackend:
 
         def compiler(kind: str):
             def compile_one(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
-                exe = compile_graph(graph, config, kind)
+                # AOTAutograd calls us with its FakeTensorMode active; constants are real tensors.
+                with unset_fake_temporarily():
+                    exe = compile_graph(graph, config, kind)
                 counters["graphs_compiled"] += 1
                 return _boxed(exe)
             return compile_one

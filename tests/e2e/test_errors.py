@@ -1,0 +1,123 @@
+"""Failures are loud, typed and point at the user's source line."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import neuron_compile
+from neuron_compile.errors import DynamicShapeError, UnsupportedOpsError
+from tests.conftest import neuron_compile as nc
+
+
+EAGER_CALLS = []
+
+
+# Two custom ops that can never have a lowering rule: the honest "op with no rule".
+@torch.library.custom_op("neuron_test::mystery_a", mutates_args=())
+def mystery_a(x: torch.Tensor) -> torch.Tensor:
+    EAGER_CALLS.append("mystery_a")
+    return x + 1
+
+
+@mystery_a.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("neuron_test::mystery_b", mutates_args=())
+def mystery_b(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@mystery_b.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _line_of(fn, needle: str) -> int:
+    src, start = inspect.getsourcelines(fn)
+    return start + next(i for i, s in enumerate(src) if needle in s)
+
+
+def one_unsupported(x):
+    y = x.relu()
+    return torch.ops.neuron_test.mystery_a(y) * 2
+
+
+def two_unsupported(x):
+    a = torch.ops.neuron_test.mystery_a(x)
+    b = torch.ops.neuron_test.mystery_b(a.exp())
+    return b.sum()
+
+
+def unwrap(err: BaseException, kind: type) -> BaseException | None:
+    """Our error inside Dynamo's ``BackendCompilerFailed`` (``inner_exception``) or a cause chain."""
+    while err is not None and not isinstance(err, kind):
+        err = getattr(err, "inner_exception", None) or err.__cause__ or err.__context__
+    return err
+
+
+def _unsupported_error(fn, *args) -> UnsupportedOpsError:
+    with pytest.raises(Exception) as info:
+        nc(fn)(*args)
+    err = unwrap(info.value, UnsupportedOpsError)
+    assert isinstance(err, UnsupportedOpsError), f"expected UnsupportedOpsError, got {info.value!r}"
+    assert str(err) in str(info.value), "our message must reach the user through BackendCompilerFailed"
+    return err
+
+
+def test_unsupported_op_names_op_and_user_line():
+    err = _unsupported_error(one_unsupported, torch.randn(4))
+    assert [u.op for u in err.ops] == ["neuron_test.mystery_a.default"]
+    assert err.ops[0].location == f"{__file__}:{_line_of(one_unsupported, 'mystery_a(y)')}"
+    assert f"{__file__}:{_line_of(one_unsupported, 'mystery_a(y)')}" in str(err)
+    assert "lowering/rules/" in err.ops[0].rule_file
+
+
+def test_every_unsupported_op_is_listed_once_in_one_error():
+    err = _unsupported_error(two_unsupported, torch.randn(3, 2))
+    assert sorted(u.op for u in err.ops) == ["neuron_test.mystery_a.default", "neuron_test.mystery_b.default"]
+    lines = {u.op: u.location for u in err.ops}
+    assert lines["neuron_test.mystery_a.default"].endswith(f":{_line_of(two_unsupported, 'mystery_a(x)')}")
+    assert lines["neuron_test.mystery_b.default"].endswith(f":{_line_of(two_unsupported, 'mystery_b(a.exp())')}")
+
+
+def test_unsupported_op_is_not_silently_run_eagerly():
+    EAGER_CALLS.clear()
+    mystery_a(torch.randn(1))
+    assert EAGER_CALLS == ["mystery_a"]  # the counter sees eager calls
+    EAGER_CALLS.clear()
+    with pytest.raises(Exception):
+        nc(lambda x: torch.ops.neuron_test.mystery_a(x))(torch.randn(2))
+    assert EAGER_CALLS == []  # tracing used the fake kernel; nothing ran the op eagerly
+
+
+def test_dynamic_true_gives_clear_error():
+    f = torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)
+    with pytest.raises(Exception) as info:
+        f(torch.randn(5))
+    msg = str(info.value)
+    assert "static shapes only" in msg and "dynamic=False" in msg
+    assert "L['x']" in msg or "input" in msg
+    assert isinstance(unwrap(info.value, DynamicShapeError), DynamicShapeError)
+
+
+def test_mark_dynamic_gives_clear_error():
+    x = torch.randn(6, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    with pytest.raises(Exception) as info:
+        nc(lambda t: t + 1)(x)
+    assert "dynamic=False" in str(info.value)
+
+
+def test_unknown_option_is_rejected_with_the_known_ones():
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: x + 1, backend="neuron", options={"opt_levle": 2})(torch.randn(2))
+    assert "opt_levle" in str(info.value) and "opt_level" in str(info.value)
+
+
+def test_public_error_types_are_exported():
+    for name in ("UnsupportedOpsError", "DynamicShapeError", "PipelineError", "LoweringError"):
+        assert issubclass(getattr(neuron_compile, name), neuron_compile.NeuronCompileError)
