@@ -77,5 +77,12 @@ def run_stage(phase: str, argv: list[str], input_path: Path, timeout: float) -> 
             detail = f"{Path(argv[0]).name} crashed with {sig}"
         else:
             detail = f"{Path(argv[0]).name} exited with status {proc.returncode}"
-        tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
-        raise PipelineError(phase, str(input_path), cmd, f"{detail}:\n{tail}")
+        raise PipelineError(phase, str(input_path), cmd, f"{detail}:\n{diagnostics(proc.stderr)}")
+
+
+def diagnostics(stderr: str, limit: int = 30) -> str:
+    """The useful part of a tool's stderr: diagnostics and assertion text, without the stack dump."""
+    lines = stderr.strip().splitlines()
+    keep = [ln for ln in lines if not ln.lstrip().startswith("#") and not ln.startswith("Stack dump")
+            and "PLEASE submit a bug report" not in ln and not ln.startswith(("0.\t", "1.\t"))]
+    return "\n".join((keep or lines)[:limit])
