@@ -27,7 +27,7 @@ class BodyBuilder(ScalarBuilder):
     def index(self, dim: int) -> Scalar:
         """The current iteration index of loop ``dim`` as an ``i64`` scalar."""
         raw = self.namer("i")
-        self.lines.append(f"{self.indent}{raw} = linalg.index {dim} : index")
+        self.lines.append(f"{self.indent}{raw} = linalg.index {dim} : index{self.loc}")
         return self._emit(f"arith.index_cast {raw} : index to i64", torch.int64)
 
     def extract(self, t: TensorValue, indices: Sequence[Scalar]) -> Scalar:
@@ -35,7 +35,7 @@ class BodyBuilder(ScalarBuilder):
         idx = []
         for s in indices:
             name = self.namer("x")
-            self.lines.append(f"{self.indent}{name} = arith.index_cast {s.name} : i64 to index")
+            self.lines.append(f"{self.indent}{name} = arith.index_cast {s.name} : i64 to index{self.loc}")
             idx.append(name)
         if t.dtype == torch.bool:
             raw = self._emit(f"tensor.extract {t.name}[{', '.join(idx)}] : {t.type}", torch.uint8)
@@ -105,7 +105,7 @@ class LoweringContext:
 
     def scalar_const(self, value: float | int | bool, dtype: torch.dtype) -> Scalar:
         """A constant in storage form (``bool`` as an ``i8`` 0/1)."""
-        sb = ScalarBuilder(self.body.namer, self.body.lines, indent="    ")
+        sb = ScalarBuilder(self.body.namer, self.body.lines, indent="    ", loc=self.loc)
         if dtype == torch.bool:
             return Scalar(sb.const(int(bool(value)), torch.int8).name, torch.bool)
         return sb.const(value, dtype)
@@ -131,7 +131,7 @@ class LoweringContext:
         args = [Scalar(self.body.namer("a"), v.dtype) for v in ins]
         acc = Scalar(self.body.namer("a"), init.dtype)
         region: list[str] = []
-        b = BodyBuilder(self.body.namer, region)
+        b = BodyBuilder(self.body.namer, region, loc=self.loc)
         result = b.to_storage(body(b, [b.from_storage(a.name, a.dtype) for a in args + [acc]]))
         maps = ", ".join(list(in_maps) + [out_map])
         its = ", ".join(f'"{t}"' for t in iterators)
@@ -143,7 +143,7 @@ class LoweringContext:
         bb_args = ", ".join(f"{s.name}: {storage_type(s.dtype)}" for s in args + [acc])
         name = self.body.namer("t")
         lines = [f"    {name} = {head}", f"    ^bb0({bb_args}):", *region,
-                 f"      linalg.yield {result.name} : {storage_type(result.dtype)}",
+                 f"      linalg.yield {result.name} : {storage_type(result.dtype)} {self.loc}",
                  f"    }} -> {init.type} {self.loc}"]
         self.body.lines.extend(lines)
         return TensorValue(name, init.shape, init.dtype)

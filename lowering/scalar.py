@@ -18,12 +18,13 @@ _CMP_UI = {"eq": "eq", "ne": "ne", "lt": "ult", "le": "ule", "gt": "ugt", "ge": 
 class ScalarBuilder:
     """Appends scalar ops to a list of lines; every method returns a new :class:`Scalar`."""
 
-    def __init__(self, namer: Namer, lines: list[str], indent: str = "      "):
+    def __init__(self, namer: Namer, lines: list[str], indent: str = "      ", loc: str = ""):
         self.namer, self.lines, self.indent = namer, lines, indent
+        self.loc = f" {loc}" if loc else ""
 
     def _emit(self, text: str, dtype: torch.dtype) -> Scalar:
         name = self.namer("s")
-        self.lines.append(f"{self.indent}{name} = {text}")
+        self.lines.append(f"{self.indent}{name} = {text}{self.loc}")
         return Scalar(name, dtype)
 
     # -- constants and casts -------------------------------------------------------------------

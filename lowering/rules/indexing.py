@@ -168,7 +168,7 @@ def lower_index_put(ctx: LoweringContext, x: TensorValue, indices, values: Tenso
     lines += [f"    {c0} = arith.constant 0 : index", f"    {c1} = arith.constant 1 : index",
               f"    {cn} = arith.constant {n} : index",
               f"    {res} = scf.for {i} = {c0} to {cn} step {c1} iter_args({acc} = {x.name}) -> ({x.type}) {{"]
-    b = BodyBuilder(nm, lines, indent="      ")
+    b = BodyBuilder(nm, lines, indent="      ", loc=loc)
     raw = b._emit(f"tensor.extract {flat_idx.name}[{i}] : {flat_idx.type}", idx.dtype)  # int index
     r = nm("x")
     safe = _safe_index(b, raw, x.shape[0])
