@@ -15,7 +15,7 @@ eager PyTorch's own.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,57 +26,12 @@ from neuron_compile.lowering.context import FunctionBody, LoweringContext
 from neuron_compile.lowering.ir import TensorValue, contiguous_strides, memref_type, tensor_type
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.registry import get_lowering
+from neuron_compile.plan import CallPlan, HostOp, OutputSlot, TensorSpec
 
-KERNEL_SYMBOL = "neuron_kernel"
+from neuron_compile.runtime import KERNEL_SYMBOL  # noqa: E402
 _EMPTY_FACTORIES = {torch.ops.aten.empty_like.default, torch.ops.aten.empty.memory_format,
                     torch.ops.aten.empty_strided.default, torch.ops.aten.zeros_like.default,
                     torch.ops.aten.zeros.default}
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Shape, dtype and element strides of one tensor crossing the kernel boundary."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    stride: tuple[int, ...]
-
-    @staticmethod
-    def of(t: torch.Tensor) -> "TensorSpec":
-        return TensorSpec(tuple(int(s) for s in t.shape), t.dtype, tuple(int(s) for s in t.stride()))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": str(self.dtype).replace("torch.", ""),
-                "stride": list(self.stride)}
-
-
-@dataclass(frozen=True)
-class HostOp:
-    """A random op run by torch on the host before the kernel.
-
-    ``args`` holds constants and references ``("input", i)`` / ``("empty", TensorSpec)``.
-    """
-
-    target: Any
-    args: tuple
-    kwargs: dict
-
-
-@dataclass(frozen=True)
-class OutputSlot:
-    """How the runtime produces one graph output.
-
-    kind: ``const`` (``value``), ``input``/``host``/``kernel`` (``index``), or ``view`` of
-    ``base`` = (kind, index) rebuilt with ``as_strided(size, stride, offset)``.
-    """
-
-    kind: str
-    index: int = -1
-    value: Any = None
-    base: tuple[str, int] | None = None
-    size: tuple[int, ...] = ()
-    stride: tuple[int, ...] = ()
-    offset: int = 0
 
 
 @dataclass
@@ -84,13 +39,8 @@ class LoweredGraph:
     """Result of :func:`lower_graph`: the MLIR module text and the calling plan."""
 
     mlir: str
-    input_specs: list[TensorSpec]
-    host_ops: list[HostOp]
-    host_specs: list[TensorSpec]
-    output_specs: list[TensorSpec]
-    outputs: list[OutputSlot]
+    plan: CallPlan
     op_count: int = 0
-    stats: dict[str, int] = field(default_factory=dict)
 
 
 def _is_dense(t: torch.Tensor) -> bool:
@@ -237,7 +187,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
                  f"  func.func @{KERNEL_SYMBOL}({sig}) attributes {{llvm.emit_c_interface}} {{",
                  *prologue, *body.lines, *stores, "    return", "  }", "}"]
         mlir = "\n".join(lines) + "\n"
-    return LoweredGraph(mlir, input_specs, host_ops, host_specs, output_specs, slots, op_count)
+    return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count)
 
 
 def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:

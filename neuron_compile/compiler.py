@@ -19,7 +19,7 @@ import torch
 from neuron_compile.config import Config
 from neuron_compile.debug import Dumper
 from neuron_compile.phases import LINALG_TO_LLVM, Phase
-from neuron_compile.runtime import Executable
+from neuron_compile.runtime import Executable, load_shared_object
 from neuron_compile.target import HostCPU
 from neuron_compile.toolchain import run_stage, tool
 
@@ -103,13 +103,14 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
             t0 = time.perf_counter()
             library = HostCPU.detect().codegen(llvm_path, workdir, config.opt_level, config.compile_timeout)
             stats.seconds[Phase.OBJ.value] = time.perf_counter() - t0
-            exe = Executable(lowered, library, name)
+            fn, lib = load_shared_object(library)
+            exe = Executable(lowered.plan, fn, name, keepalive=lib)
             ok = True
         finally:
             if ok and not dumper.enabled and not config.keep_tmp:
                 shutil.rmtree(workdir, ignore_errors=True)
     else:
-        exe = Executable(lowered, None, name)
+        exe = Executable(lowered.plan, None, name)
     log.info("neuron-compile %s: %d ATen ops, %s", name, stats.ops,
              ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in stats.seconds.items()))
     exe.stats = stats

@@ -13,12 +13,23 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from neuron_compile.errors import RuntimeCallError
-from neuron_compile.lowering.emit import KERNEL_SYMBOL, HostOp, LoweredGraph, OutputSlot, TensorSpec
+from neuron_compile.plan import CallPlan, HostOp, OutputSlot, TensorSpec
+
+KERNEL_SYMBOL = "neuron_kernel"
+
+
+def load_shared_object(path: Path) -> tuple[Callable[..., None], Any]:
+    """``dlopen`` a kernel library; returns (entry function, library handle to keep alive)."""
+    _preload_runtime()
+    lib = ctypes.CDLL(str(path))
+    fn = getattr(lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
+    fn.restype = None
+    return fn, lib
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,19 +75,16 @@ class Executable:
             direct call with wrong inputs).
     """
 
-    def __init__(self, lowered: LoweredGraph, library: Path | None, name: str):
+    def __init__(self, plan: CallPlan, kernel: Callable[..., None] | None, name: str, keepalive: Any = None):
         self.name = name
-        self.input_specs = lowered.input_specs
-        self.host_ops = lowered.host_ops
-        self.host_specs = lowered.host_specs
-        self.output_specs = lowered.output_specs
-        self.outputs: list[OutputSlot] = lowered.outputs
-        self._fn = None
-        if library is not None:
-            _preload_runtime()
-            self._lib = ctypes.CDLL(str(library))
-            self._fn = getattr(self._lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
-            self._fn.restype = None
+        self.plan = plan
+        self.input_specs = plan.input_specs
+        self.host_ops = plan.host_ops
+        self.host_specs = plan.host_specs
+        self.output_specs = plan.output_specs
+        self.outputs: list[OutputSlot] = plan.outputs
+        self._fn = kernel
+        self._keepalive = keepalive  # the loaded library / JIT engine owning the code
 
     def _prepare_input(self, i: int, t: Any) -> torch.Tensor:
         spec = self.input_specs[i]
