@@ -60,6 +60,11 @@ def _storage(t: Any):
     return StorageWeakRef(t.untyped_storage()) if isinstance(t, torch.Tensor) else None
 
 
+def graph_input_specs(gm: torch.fx.GraphModule) -> list[TensorSpec]:
+    """Specs of the graph's placeholders; raises :class:`DynamicShapeError` on a symbolic size."""
+    return [_static_spec(n) for n in gm.graph.nodes if n.op == "placeholder"]
+
+
 def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredGraph:
     """Emit the MLIR module for ``gm``.
 

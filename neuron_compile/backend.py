@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from neuron_compile import metrics
 from neuron_compile.config import resolve_config
 from neuron_compile.errors import DynamicShapeError
 
@@ -86,14 +87,13 @@ class NeuronBackend:
 
         config = resolve_config(options)
         _check_static(gm, example_inputs)
-        counters = torch._dynamo.utils.counters["neuron"]
 
         def compiler(kind: str):
             def compile_one(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
                 # AOTAutograd calls us with its FakeTensorMode active; constants are real tensors.
                 with unset_fake_temporarily():
                     exe = compile_graph(graph, config, kind)
-                counters["graphs_compiled"] += 1
+                metrics.bump("graphs")
                 return _boxed(exe)
             return compile_one
 

@@ -1,39 +1,36 @@
 """The compile driver: one FX graph → an :class:`~neuron_compile.runtime.Executable`.
 
-Phases run from an ordered table (:mod:`neuron_compile.phases`): FX passes (``fx`` → ``fx-opt``),
-lowering to MLIR on tensors (``linalg``), the MLIR pass pipeline (``llvm``) and the target's
-codegen (``obj``). Each external stage runs in a child process (see :mod:`neuron_compile.toolchain`).
+First the cache key (:mod:`neuron_compile.cache_key`); on a miss the phases run from an ordered
+table (:mod:`neuron_compile.phases`): FX passes (``fx`` → ``fx-opt``), lowering to MLIR on tensors
+(``linalg``), the MLIR pass pipeline (``llvm``) and the target's codegen (``obj``). Each external
+stage runs in a child process (see :mod:`neuron_compile.toolchain`).
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from neuron_compile import metrics
+from neuron_compile.cache import ArtifactCache, compile_without_disk, default_root
+from neuron_compile.cache_key import make_cache_key
 from neuron_compile.config import Config
 from neuron_compile.debug import Dumper
+from neuron_compile.executable import LLVM_MLIR, NATIVE, Build
 from neuron_compile.phases import LINALG_TO_LLVM, Phase
-from neuron_compile.runtime import Executable, load_shared_object
+from neuron_compile.runtime import Executable
 from neuron_compile.target import HostCPU
 from neuron_compile.toolchain import run_stage, tool
 
 log = logging.getLogger("neuron_compile")
 _graph_ids = itertools.count()
-
-
-@dataclass
-class CompileStats:
-    """What one compile did: ops in, seconds per phase."""
-
-    graph: str
-    ops: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def default_passes(graph_name: str) -> list:
@@ -42,14 +39,14 @@ def default_passes(graph_name: str) -> list:
     return [DeadCodeElimination(), VerifyLowerable(graph_name=graph_name)]
 
 
-def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, stats: CompileStats
+def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, seconds: dict[str, float]
                   ) -> torch.fx.GraphModule:
     """``fx`` → ``fx-opt``: the pass pipeline with a callback that verifies, dumps and times."""
     from neuron_compile.passes.pipeline import Pipeline, verify_fx_contract
 
-    def callback(p, g, changed, seconds):
+    def callback(p, g, changed, secs):
         verify_fx_contract(g)
-        stats.seconds[f"pass:{p.name}"] = stats.seconds.get(f"pass:{p.name}", 0.0) + seconds
+        seconds[f"pass:{p.name}"] = seconds.get(f"pass:{p.name}", 0.0) + secs
         if changed:
             dumper.fx(f"{Phase.FX.value}.{p.name}", g)
 
@@ -58,60 +55,96 @@ def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, sta
 
 def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float) -> Path:
     """``linalg`` → ``llvm``: run :data:`~neuron_compile.phases.LINALG_TO_LLVM` with ``mlir-opt``."""
-    out = workdir / "kernel.llvm.mlir"
+    out = workdir / LLVM_MLIR
     run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={LINALG_TO_LLVM}",
                                  "-o", str(out)], linalg_path, timeout)
     return out
 
 
+def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dumper, target: HostCPU,
+                workdir: Path) -> Build:
+    """Run every phase for ``gm`` (a cache miss); payload files land in ``workdir``."""
+    from neuron_compile.lowering.emit import lower_graph
+    build_seconds: dict[str, float] = {}
+    dumper.fx(Phase.FX.value, gm)
+    dumper.repro(gm)
+    gm = run_fx_passes(gm, name, dumper, build_seconds)
+    dumper.fx(Phase.FX_OPT.value, gm)
+
+    t0 = time.perf_counter()
+    lowered = lower_graph(gm, name)
+    build_seconds[Phase.LINALG.value] = time.perf_counter() - t0
+    build = Build(name, lowered.plan, seconds=build_seconds, ops=lowered.op_count)
+    if lowered.mlir:
+        linalg_path = workdir / "kernel.linalg.mlir"
+        linalg_path.write_text(lowered.mlir)
+        t0 = time.perf_counter()
+        llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout)
+        build_seconds[Phase.LLVM.value] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout)
+        build_seconds[Phase.OBJ.value] = time.perf_counter() - t0
+        build.payloads = {NATIVE: so, LLVM_MLIR: llvm_path}
+    metrics.bump("graphs_compiled")
+    for phase, secs in build_seconds.items():
+        metrics.add_seconds(phase, secs)
+    log.info("neuron-compile %s: %d ATen ops, %s", name, build.ops,
+             ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in build_seconds.items()))
+    return build
+
+
+@functools.lru_cache(maxsize=None)
+def _cache(root: str, max_bytes: int) -> ArtifactCache:
+    return ArtifactCache(Path(root), max_bytes)
+
+
+def cache_for(config: Config) -> ArtifactCache:
+    """The :class:`ArtifactCache` for ``config`` (one object per root and bound)."""
+    return _cache(str(Path(config.cache_dir or default_root()).expanduser().resolve()), config.cache_max_bytes)
+
+
 def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: str = "graph") -> Executable:
-    """Compile one ATen FX graph (static shapes, ``meta['val']`` on every node) to an executable.
+    """Compile one ATen FX graph (static shapes, ``meta['val']`` on every node), or load it from the cache.
 
     Args:
         gm: the graph (e.g. AOTAutograd's forward or backward graph).
         config: options; default :class:`Config()`.
         kind: ``forward``/``backward``/``inference``, used in names and dumps.
     Returns:
-        An :class:`Executable` taking and returning lists of tensors (boxed convention is up to the caller).
+        An :class:`Executable` taking and returning lists of tensors.
     Raises:
         UnsupportedOpsError, DynamicShapeError, LoweringError, PipelineError.
     """
-    from neuron_compile.lowering.emit import lower_graph
+    from neuron_compile.lowering.emit import graph_input_specs
     config = config or Config()
     name = f"graph_{next(_graph_ids):03d}_{kind}"
-    stats = CompileStats(name)
     dumper = Dumper(config.dump_dir, name)
-    dumper.fx(Phase.FX.value, gm)
-    dumper.repro(gm)
-    gm = run_fx_passes(gm, name, dumper, stats)
-    dumper.fx(Phase.FX_OPT.value, gm)
+    t0 = time.perf_counter()
+    target = HostCPU.detect()
+    specs = graph_input_specs(gm)
+    key = make_cache_key(gm, [s.to_json() for s in specs], config.codegen_key(), target.key())
+    metrics.add_seconds("cache_key", time.perf_counter() - t0)
+    dumper.write("key", "json", json.dumps({"digest": key.digest, "parts": dict(key.parts)}, indent=1))
+
+    workdirs: list[Path] = []
+
+    def compile_fn() -> Build:
+        workdir = dumper.dir if dumper.enabled else Path(tempfile.mkdtemp(prefix=f"neuron-{name}-"))
+        workdirs.append(workdir)
+        return build_graph(gm, config, name, dumper, target, workdir)
 
     t0 = time.perf_counter()
-    lowered = lower_graph(gm, name)
-    stats.ops = lowered.op_count
-    stats.seconds[Phase.LINALG.value] = time.perf_counter() - t0
-    library = None
-    if lowered.mlir:
-        workdir = dumper.dir if dumper.enabled else Path(tempfile.mkdtemp(prefix=f"neuron-{name}-"))
-        ok = False
-        try:
-            linalg_path = workdir / "kernel.linalg.mlir"
-            linalg_path.write_text(lowered.mlir)
-            t0 = time.perf_counter()
-            llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout)
-            stats.seconds[Phase.LLVM.value] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            library = HostCPU.detect().codegen(llvm_path, workdir, config.opt_level, config.compile_timeout)
-            stats.seconds[Phase.OBJ.value] = time.perf_counter() - t0
-            fn, lib = load_shared_object(library)
-            exe = Executable(lowered.plan, fn, name, keepalive=lib)
-            ok = True
-        finally:
-            if ok and not dumper.enabled and not config.keep_tmp:
-                shutil.rmtree(workdir, ignore_errors=True)
-    else:
-        exe = Executable(lowered.plan, None, name)
-    log.info("neuron-compile %s: %d ATen ops, %s", name, stats.ops,
-             ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in stats.seconds.items()))
-    exe.stats = stats
+    ok = False
+    try:
+        if config.cache:
+            exe = cache_for(config).get_or_compile(key, compile_fn, target, lock_timeout=4 * config.compile_timeout)
+        else:
+            exe = compile_without_disk(key, compile_fn)
+        ok = True
+    finally:
+        if ok and not dumper.enabled and not config.keep_tmp:
+            for w in workdirs:
+                shutil.rmtree(w, ignore_errors=True)
+    metrics.add_seconds("total", time.perf_counter() - t0)
+    exe.cache_key = key
     return exe

@@ -18,6 +18,9 @@ _ENV = {
     "opt_level": "NEURON_OPT_LEVEL",
     "keep_tmp": "NEURON_KEEP_TMP",
     "compile_timeout": "NEURON_COMPILE_TIMEOUT",
+    "cache": "NEURON_CACHE",
+    "cache_dir": "NEURON_CACHE_DIR",
+    "cache_max_bytes": "NEURON_CACHE_MAX_BYTES",
 }
 
 
@@ -31,12 +34,20 @@ class Config:
         keep_tmp: keep the per-graph work directory of external tools (``NEURON_KEEP_TMP``).
         compile_timeout: seconds before an external compiler stage is killed
             (``NEURON_COMPILE_TIMEOUT``, default 600).
+        cache: use the on-disk artifact cache (``NEURON_CACHE``, default on; ``0`` = memory only).
+        cache_dir: cache root (``NEURON_CACHE_DIR``; default ``$XDG_CACHE_HOME/neuron-compile`` or
+            ``~/.cache/neuron-compile``).
+        cache_max_bytes: disk bound of the cache, least-recently-used entries are evicted beyond it
+            (``NEURON_CACHE_MAX_BYTES``, default 4 GiB).
     """
 
     dump_dir: str | None = None
     opt_level: int = 3
     keep_tmp: bool = False
     compile_timeout: float = 600.0
+    cache: bool = True
+    cache_dir: str | None = None
+    cache_max_bytes: int = 4 << 30
 
     def codegen_key(self) -> dict[str, Any]:
         """Fields that change generated code (part of the cache key); dumps and timeouts do not."""

@@ -94,3 +94,7 @@ class RuntimeCallError(NeuronCompileError):
 
 class CacheError(NeuronCompileError):
     """The artifact cache cannot be used as configured."""
+
+
+class ExecutableError(NeuronCompileError):
+    """A stored executable is unreadable, corrupt, of another format version, or built for another host."""

@@ -25,18 +25,10 @@ KERNEL_SYMBOL = "neuron_kernel"
 
 def load_shared_object(path: Path) -> tuple[Callable[..., None], Any]:
     """``dlopen`` a kernel library; returns (entry function, library handle to keep alive)."""
-    _preload_runtime()
     lib = ctypes.CDLL(str(path))
     fn = getattr(lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
     fn.restype = None
     return fn, lib
-
-
-@functools.lru_cache(maxsize=1)
-def _preload_runtime() -> None:
-    """Make MLIR's runtime helpers (``memrefCopy``) visible to every kernel we load."""
-    from neuron_compile.toolchain import mlir_lib_dir
-    ctypes.CDLL(str(mlir_lib_dir() / "libmlir_c_runner_utils.so"), mode=ctypes.RTLD_GLOBAL)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,49 @@
+"""Process-wide counters of what the compiler and cache did.
+
+``metrics()`` returns a snapshot; every counter is mirrored into Dynamo's
+``torch._dynamo.utils.counters["neuron"]`` so it shows in Dynamo's own reports.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+from typing import Any
+
+_lock = threading.Lock()
+_counts: Counter[str] = Counter()
+_seconds: defaultdict[str, float] = defaultdict(float)
+
+COUNTERS = ("graphs", "graphs_compiled", "memory_hits", "disk_hits", "misses", "quarantined", "evictions",
+            "cache_write_failures")
+
+
+def bump(name: str, n: int = 1) -> None:
+    """Add ``n`` to counter ``name`` (here and in Dynamo's counters)."""
+    import torch
+    with _lock:
+        _counts[name] += n
+    torch._dynamo.utils.counters["neuron"][name] += n
+
+
+def add_seconds(phase: str, seconds: float) -> None:
+    with _lock:
+        _seconds[phase] += seconds
+
+
+def metrics() -> dict[str, Any]:
+    """Counters (graphs: handed to the backend; graphs_compiled: actually compiled; memory_hits, disk_hits, misses, quarantined, evictions,
+    cache_write_failures) and ``seconds``: wall-clock seconds per compile phase, since the last
+    :func:`reset_metrics`."""
+    with _lock:
+        out: dict[str, Any] = {name: _counts.get(name, 0) for name in COUNTERS}
+        out["seconds"] = dict(_seconds)
+    return out
+
+
+def reset_metrics() -> None:
+    """Zero every counter and timer (Dynamo's ``counters['neuron']`` too)."""
+    import torch
+    with _lock:
+        _counts.clear()
+        _seconds.clear()
+    torch._dynamo.utils.counters["neuron"].clear()
