@@ -54,7 +54,7 @@ def unsafe_reason(root: Path) -> str | None:
     """Why ``root`` must not hold native code we will load, or ``None`` if it is safe.
 
     Refused: writable by group or others (anyone could plant code we would run), or owned by
-    another user.
+    another user than us or root (a root-owned read-only cache, e.g. baked into an image, is fine).
     """
     try:
         st = root.stat()
@@ -63,7 +63,7 @@ def unsafe_reason(root: Path) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return (f"it is writable by other users (mode {stat.filemode(st.st_mode)}); entries are native code "
                 f"this process would run. Fix with: chmod go-w {root}")
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+    if hasattr(os, "geteuid") and st.st_uid not in (os.geteuid(), 0):
         return f"it is owned by another user (uid {st.st_uid})"
     return None
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import functools
 import hashlib
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,12 +150,36 @@ def load_executable(path: str | Path, mode: str = "native") -> Executable:
                               f"{tgt['cpu_features_sha256']}), this host is {host.triple} / {host.cpu} (features "
                               f"{host.features}); its native code may not run here: recompile it")
     if mode == "native":
-        fn, lib = load_shared_object(directory / NATIVE)
+        fn, lib = _load_private_copy(directory / NATIVE, manifest["payloads"][NATIVE])
         return Executable(plan, fn, name, keepalive=lib)
     if mode == "jit":
         fn, engine = _jit(directory / LLVM_MLIR, plan)
         return Executable(plan, fn, name, keepalive=engine)
     raise ValueError(f"mode must be 'native' or 'jit', got {mode!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def _private_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="neuron-loaded-"))
+
+
+def _load_private_copy(path: Path, digest: str):
+    """dlopen a private, verified copy of ``path``.
+
+    The bytes we hash are the bytes we map (no window in which the shared file could be swapped),
+    each load gets a fresh path (the dynamic loader would otherwise hand back an older library
+    loaded from the same path), and later writes to the cache file cannot reach the mapped code.
+    """
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise ExecutableError(f"{path} does not match its sha256 in the manifest")
+    fd, private = tempfile.mkstemp(suffix=".so", dir=_private_dir())
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return load_shared_object(Path(private))
+    finally:
+        os.unlink(private)
 
 
 def _jit(llvm_mlir: Path, plan: CallPlan):
@@ -166,7 +193,14 @@ def _jit(llvm_mlir: Path, plan: CallPlan):
         module = Module.parse(llvm_mlir.read_text())
         engine = ExecutionEngine(module, opt_level=3,
                                  shared_libs=[str(mlir_lib_dir() / "libmlir_c_runner_utils.so")])
-    address = engine.raw_lookup(f"_mlir_ciface_{KERNEL_SYMBOL}")
+    # raw_lookup returns the engine's *packed* wrapper `void(void **args)`: args[i] points at the
+    # i-th argument, here itself a pointer to a memref descriptor.
+    packed = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(f"_mlir_ciface_{KERNEL_SYMBOL}"))
     nargs = len(plan.input_specs) + len(plan.host_specs) + len(plan.output_specs)
-    fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * nargs))(address)
+    word = ctypes.sizeof(ctypes.c_void_p)
+
+    def fn(*descriptors) -> None:
+        values = (ctypes.c_void_p * nargs)(*[ctypes.addressof(d._obj) for d in descriptors])
+        slots = (ctypes.c_void_p * nargs)(*[ctypes.addressof(values) + i * word for i in range(nargs)])
+        packed(slots)
     return fn, engine

@@ -1,0 +1,174 @@
+"""``neuron-compile``: the command line.
+
+    neuron-compile cache info|list|verify|clear [--older-than DAYS] [--json] [--cache-dir DIR]
+    neuron-compile compile FILE.mlir --from linalg --emit llvm|obj [-o OUT]
+
+``compile`` runs the phases of the pipeline from a dumped file (``NEURON_DUMP_DIR``), e.g. to
+reproduce a failing stage or to look at the LLVM dialect of one kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _cache(args: argparse.Namespace):
+    from neuron_compile.cache import ArtifactCache
+    from neuron_compile.config import resolve_config
+    from neuron_compile.compiler import cache_for
+    cfg = resolve_config({"cache_dir": args.cache_dir} if args.cache_dir else None)
+    cache: ArtifactCache = cache_for(cfg)
+    return cache
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=1) if args.json else text)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    entries = list(cache.entries()) if cache.usable else []
+    total = sum(e.bytes for e in entries)
+    data = {"root": str(cache.root), "usable": cache.usable, "writable": cache.writable, "entries": len(entries),
+            "bytes": total, "max_bytes": cache.max_bytes}
+    _emit(args, data, f"cache root   {cache.root}\nusable       {cache.usable}\nentries      {len(entries)}\n"
+                      f"size         {_human(total)} of {_human(cache.max_bytes)}")
+    return 0
+
+
+def _manifest_summary(path: Path) -> dict[str, Any]:
+    from neuron_compile.executable import read_manifest
+    try:
+        m = read_manifest(path)
+        return {"name": m.get("name"), "created": m.get("created"), "ops": m.get("ops"),
+                "compile_seconds": round(sum(m.get("compile_seconds", {}).values()), 3)}
+    except Exception as exc:  # listing must show broken entries too
+        return {"error": str(exc)}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    rows = []
+    for e in cache.entries():
+        rows.append({"key": e.key, "bytes": e.bytes, "last_used": datetime.datetime.fromtimestamp(e.last_used)
+                     .isoformat(timespec="seconds"), **_manifest_summary(e.path)})
+    lines = [f"{'key':<16} {'size':>10} {'last used':<20} {'ops':>5} {'compile s':>9}  graph"]
+    for r in rows:
+        lines.append(f"{r['key'][:16]} {_human(r['bytes']):>10} {r['last_used']:<20} {r.get('ops') or '-':>5} "
+                     f"{r.get('compile_seconds', '-'):>9}  {r.get('name') or r.get('error')}")
+    _emit(args, rows, "\n".join(lines))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from neuron_compile.executable import read_manifest, verify_payloads
+    from neuron_compile.errors import ExecutableError
+    cache = _cache(args)
+    results = []
+    for e in cache.entries():
+        try:
+            problems = verify_payloads(e.path, read_manifest(e.path))
+        except ExecutableError as exc:
+            problems = [str(exc)]
+        if problems and args.quarantine:
+            cache.quarantine(e.path, "; ".join(problems))
+        results.append({"key": e.key, "ok": not problems, "problems": problems})
+    bad = [r for r in results if not r["ok"]]
+    text = "\n".join(f"{'ok ' if r['ok'] else 'BAD'} {r['key']}" + (f"  {'; '.join(r['problems'])}" if r['problems']
+                                                                  else "") for r in results)
+    _emit(args, results, (text + "\n" if text else "") + f"{len(results) - len(bad)} ok, {len(bad)} bad")
+    return 1 if bad else 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    cache = _cache(args)
+    cutoff = time.time() - args.older_than * 86400 if args.older_than is not None else None
+    removed, kept = 0, 0
+    for e in list(cache.entries()):
+        if cutoff is not None and e.last_used > cutoff:
+            continue
+        if cache.remove(e):
+            removed += 1
+        else:
+            kept += 1
+    if cutoff is None and (cache.base / "tmp").is_dir():
+        for t in (cache.base / "tmp").iterdir():
+            shutil.rmtree(t, ignore_errors=True)
+    _emit(args, {"removed": removed, "locked": kept},
+          f"removed {removed} entries" + (f", {kept} in use by other processes kept" if kept else ""))
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from neuron_compile.compiler import mlir_to_llvm
+    from neuron_compile.errors import NeuronCompileError
+    from neuron_compile.phases import Phase
+    from neuron_compile.target import HostCPU
+    src = Path(args.file)
+    start, stop = Phase.parse(args.from_phase), Phase.parse(args.emit)
+    if start is not Phase.LINALG or stop not in (Phase.LLVM, Phase.OBJ):
+        print("neuron-compile compile: supported today: --from linalg --emit llvm|obj "
+              "(FX phases run inside torch.compile)", file=sys.stderr)
+        return 2
+    work = Path(args.output).parent if args.output else src.parent
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        out = mlir_to_llvm(src, work, timeout=600)
+        if stop is Phase.OBJ:
+            out = HostCPU.detect().codegen(out, work, 3, 600)
+    except NeuronCompileError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.output and Path(args.output) != out:
+        shutil.move(out, args.output)
+        out = Path(args.output)
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="neuron-compile", description="neuron-compile command line")
+    sub = ap.add_subparsers(dest="command", required=True)
+    cache = sub.add_parser("cache", help="inspect and manage the artifact cache")
+    csub = cache.add_subparsers(dest="action", required=True)
+    for name, fn, hlp in (("info", cmd_info, "root, size and bound"), ("list", cmd_list, "one line per entry"),
+                          ("verify", cmd_verify, "check every payload's sha256"),
+                          ("clear", cmd_clear, "remove entries")):
+        p = csub.add_parser(name, help=hlp)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument("--cache-dir", help="cache root (default: NEURON_CACHE_DIR or ~/.cache/neuron-compile)")
+        p.set_defaults(func=fn)
+        if name == "clear":
+            p.add_argument("--older-than", type=float, metavar="DAYS", help="only entries unused for DAYS days")
+        if name == "verify":
+            p.add_argument("--quarantine", action="store_true", help="move bad entries to quarantine")
+    comp = sub.add_parser("compile", help="run pipeline phases on a dumped file")
+    comp.add_argument("file")
+    comp.add_argument("--from", dest="from_phase", default="linalg", help="phase of FILE (linalg)")
+    comp.add_argument("--emit", default="llvm", help="phase to stop after (llvm or obj)")
+    comp.add_argument("-o", "--output")
+    comp.set_defaults(func=cmd_compile)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""``neuron-compile cache ...`` and ``load_executable`` on stored executables."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from neuron_compile.executable import NATIVE, load_executable
+from tests.cache.test_cache_entries import compile_and_run, f, only_entry
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "neuron_compile.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cache_info_list_verify_clear(tmp_path):
+    compile_and_run(tmp_path)
+    compile_and_run(tmp_path, opt_level=1)
+    info = json.loads(cli("cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)
+    assert info["entries"] == 2 and info["bytes"] > 0 and info["usable"]
+    listing = json.loads(cli("cache", "list", "--json", "--cache-dir", str(tmp_path)).stdout)
+    assert len(listing) == 2 and all(r["ops"] >= 2 and r["name"].startswith("graph_") for r in listing)
+    human = cli("cache", "list", "--cache-dir", str(tmp_path)).stdout
+    assert "graph_" in human and "KiB" in human
+    ok = cli("cache", "verify", "--cache-dir", str(tmp_path))
+    assert ok.returncode == 0 and "2 ok, 0 bad" in ok.stdout
+    victim = Path(listing[0]["key"][:2]) / listing[0]["key"]
+    with open(tmp_path / "v1" / victim / NATIVE, "r+b") as fh:
+        fh.truncate(10)
+    bad = cli("cache", "verify", "--json", "--cache-dir", str(tmp_path))
+    assert bad.returncode == 1
+    assert [r["ok"] for r in json.loads(bad.stdout)].count(False) == 1
+    assert "removed 0" in cli("cache", "clear", "--older-than", "1", "--cache-dir", str(tmp_path)).stdout
+    assert "removed 2" in cli("cache", "clear", "--cache-dir", str(tmp_path)).stdout
+    assert json.loads(cli("cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)["entries"] == 0
+
+
+@pytest.mark.parametrize("mode", ["native", "jit"])
+def test_load_executable_runs_a_stored_graph(tmp_path, mode):
+    compile_and_run(tmp_path)
+    t0 = time.perf_counter()
+    exe = load_executable(only_entry(tmp_path), mode=mode)
+    assert time.perf_counter() - t0 >= 0  # (load time is reported by benchmarks/compile_time.py)
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    (out,) = [o for o in exe([x, w]) if isinstance(o, torch.Tensor)][:1]
+    torch.testing.assert_close(out, f(x, w))
+
+
+def test_compile_cli_reproduces_a_stage_from_a_dumped_file(tmp_path):
+    dump = tmp_path / "dump"
+    compile_and_run(tmp_path / "cache", dump_dir=str(dump), cache=False)
+    (linalg,) = dump.glob("*/kernel.linalg.mlir")
+    out = cli("compile", str(linalg), "--from", "linalg", "--emit", "llvm", "-o", str(tmp_path / "k.llvm.mlir"))
+    assert out.returncode == 0, out.stderr
+    assert "llvm.func" in (tmp_path / "k.llvm.mlir").read_text()
