@@ -15,7 +15,7 @@ import torch
 
 from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, numel, storage_type, tensor_type
 from neuron_compile.lowering.scalar import ScalarBuilder
-from neuron_compile.errors import LoweringError
+from neuron_compile.errors import LoweringError, RuleDeclined
 
 Operand = TensorValue | float | int | bool
 BodyFn = Callable[..., Scalar]
@@ -87,6 +87,10 @@ class LoweringContext:
     def out_spec(self, i: int | None = None) -> tuple[tuple[int, ...], torch.dtype]:
         v = self.out_meta if i is None else self.out_meta[i]
         return tuple(int(s) for s in v.shape), v.dtype
+
+    def unsupported(self, reason: str) -> RuleDeclined:
+        """For a rule to decline a case of its op: reported with every other unsupported op."""
+        return RuleDeclined(reason)
 
     def fail(self, message: str) -> LoweringError:
         return LoweringError(message, op=str(getattr(self.node, "target", "")),

@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from neuron_compile.errors import DynamicShapeError, LoweringError, NeuronCompileError
+from neuron_compile.errors import (DynamicShapeError, LoweringError, NeuronCompileError, RuleDeclined,
+                                   UnsupportedOp, UnsupportedOpsError)
 from neuron_compile.lowering.context import FunctionBody, LoweringContext
-from neuron_compile.lowering.ir import TensorValue, contiguous_strides, memref_type, tensor_type
+from neuron_compile.lowering.ir import TensorValue, contiguous_strides, memref_type, tensor_bytes, tensor_type
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
-from neuron_compile.lowering.registry import get_lowering
+from neuron_compile.lowering.registry import get_lowering, rule_file_for
 from neuron_compile.plan import CallPlan, HostOp, OutputSlot, TensorSpec
 
 from neuron_compile.runtime import KERNEL_SYMBOL  # noqa: E402
@@ -73,8 +74,8 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     Returns:
         :class:`LoweredGraph`; ``mlir`` is empty when no output needs computing.
     Raises:
-        DynamicShapeError: a symbolic size. LoweringError: a rule failed or an op has no rule
-        (the ``verify-lowerable`` pass reports all missing rules before this runs).
+        DynamicShapeError: a symbolic size. UnsupportedOpsError: listing every node with no rule or
+        whose rule declined its case. LoweringError: a rule failed (a bug).
     """
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -98,6 +99,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     host_ops: list[HostOp] = []
     host_specs: list[TensorSpec] = []
     host_index: dict[torch.fx.Node, int] = {}
+    declines: list[UnsupportedOp] = []
     op_count = 0
     for node in graph.nodes:
         if node.op == "get_attr":
@@ -120,17 +122,25 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
         rule = get_lowering(node.target)
         ctx = LoweringContext(body, node, mlir_location(node))
         if rule is None:
-            raise LoweringError("no lowering rule", op=op_name(node), node=node.name, location=user_location(node))
+            declines.append(UnsupportedOp(op_name(node), node.name, user_location(node), rule_file_for(node.target)))
+            env[node] = _stand_in(ctx, node.meta["val"])
+            continue
         args = torch.fx.node.map_arg(node.args, lambda a: env[a])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: env[a])
         try:
             env[node] = rule(ctx, *args, **kwargs)
+        except RuleDeclined as declined:  # keep going so one error lists every unsupported op
+            declines.append(UnsupportedOp(op_name(node), node.name, user_location(node),
+                                          rule_file_for(node.target), declined.reason))
+            env[node] = _stand_in(ctx, node.meta["val"])
         except NeuronCompileError:
             raise
         except Exception as exc:  # a rule bug: report with the node, keep the cause
             raise LoweringError(f"lowering rule {rule.__name__} failed: {type(exc).__name__}: {exc}",
                                 op=op_name(node), node=node.name, location=user_location(node)) from exc
 
+    if declines:
+        raise UnsupportedOpsError(declines, graph_name)
     out_node = next(n for n in graph.nodes if n.op == "output")
     outs = out_node.args[0]
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -195,6 +205,15 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count)
 
 
+def _stand_in(ctx: LoweringContext, val: Any) -> Any:
+    """Placeholder values for a declined node, so lowering can go on to find further unsupported ops."""
+    if isinstance(val, torch.Tensor):
+        return ctx.empty(tuple(val.shape), val.dtype)
+    if isinstance(val, (list, tuple)):
+        return tuple(_stand_in(ctx, v) for v in val)
+    return val
+
+
 def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
     obj: Any = gm
     for part in target.split("."):
@@ -208,15 +227,14 @@ def _constant(body: FunctionBody, node: torch.fx.Node, value: Any) -> TensorValu
     if not isinstance(value, torch.Tensor):
         raise LoweringError(f"graph attribute {node.target} is a {type(value).__name__}, not a tensor",
                             node=node.name)
-    t = value.detach().contiguous().cpu()
+    t = value
     shape = tuple(t.shape)
     ty = tensor_type(shape, t.dtype)
     name = body.namer("cst")
     if t.numel() == 0:
         body.lines.append(f"    {name} = tensor.empty() : {ty}")
     else:
-        blob = t.view(torch.uint8).numpy().tobytes().hex().upper() if t.dtype != torch.bool else \
-            t.to(torch.uint8).numpy().tobytes().hex().upper()
+        blob = tensor_bytes(t).hex().upper()
         body.lines.append(f'    {name} = arith.constant dense<"0x{blob}"> : {ty} {mlir_location(node)}')
     return TensorValue(name, shape, t.dtype)
 

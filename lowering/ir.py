@@ -69,6 +69,13 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """Raw little-endian bytes of ``t`` in row-major order (bool as one byte per element)."""
+    flat = t.detach().contiguous().cpu().reshape(-1)
+    flat = flat.to(torch.uint8) if flat.dtype == torch.bool else flat
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
 def numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 

@@ -32,9 +32,17 @@ def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
 
 
 def user_location(node: torch.fx.Node) -> str:
-    """``file:line`` for messages, or ``<unknown location>``."""
+    """``file:line`` for messages; else the nn.Module the node came from; else ``<unknown location>``
+    (e.g. the copy-back of a mutated input, which AOTAutograd adds after the user's code)."""
     fr = user_frame(node)
-    return f"{fr[0]}:{fr[1]}" if fr else "<unknown location>"
+    if fr:
+        return f"{fr[0]}:{fr[1]}"
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, kind = list(stack.values())[-1][:2]
+        kind = getattr(kind, "__qualname__", None) or str(kind).rsplit(".", 1)[-1]
+        return f"<inside {kind} module {path}>"
+    return "<unknown location>"
 
 
 def op_name(node: torch.fx.Node) -> str:

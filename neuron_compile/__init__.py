@@ -8,5 +8,21 @@ from neuron_compile.errors import (CacheError, DynamicShapeError, LoweringError,
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # lazy, so `import neuron_compile` and backend lookup stay cheap
+    if name in ("metrics", "reset_metrics"):
+        from neuron_compile import counters as m
+        return getattr(m, name)
+    if name == "load_executable":
+        from neuron_compile.executable import load_executable
+        return load_executable
+    if name == "explain_key":
+        from neuron_compile.cache_key import explain_key
+        return explain_key
+    raise AttributeError(f"module 'neuron_compile' has no attribute {name!r}")
+
+
 __all__ = ["CacheError", "DynamicShapeError", "LoweringError", "NeuronCompileError", "PipelineError",
-           "RuntimeCallError", "UnsupportedOpsError", "__version__"]
+           "RuntimeCallError", "UnsupportedOpsError", "__version__", "explain_key", "load_executable", "metrics",
+           "reset_metrics"]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from neuron_compile import metrics
+from neuron_compile import counters
 from neuron_compile.config import resolve_config
 from neuron_compile.errors import DynamicShapeError
 
@@ -51,7 +51,9 @@ def _check_static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> No
             label = getattr(source, "name", None) if source is not None else None
             label = label() if callable(label) else label
             label = label or (node.name if node is not None else f"#{i}")
-            raise DynamicShapeError(f"input {label}")
+            raise DynamicShapeError(
+                f"input {label} (with torch.compile's default dynamic=None, Dynamo makes a dimension symbolic "
+                "once it has seen a second size)")
 
 
 def _boxed(fn: Callable[[list], list]) -> Callable[[list], list]:
@@ -79,12 +81,15 @@ class NeuronBackend:
     """
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                 options: Mapping[str, Any] | None = None) -> Callable:
+                 options: Mapping[str, Any] | None = None, mode: str | None = None) -> Callable:
         from torch._functorch.aot_autograd import aot_module_simplified
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from neuron_compile.compiler import compile_graph
         from neuron_compile.passes.decompose import decomposition_table
 
+        if mode not in (None, "default"):
+            warnings.warn(f"torch.compile mode={mode!r} has no meaning for backend 'neuron' and is ignored; "
+                          "use options={...} (see neuron_compile.config.Config)", RuntimeWarning, stacklevel=2)
         config = resolve_config(options)
         _check_static(gm, example_inputs)
 
@@ -93,7 +98,7 @@ class NeuronBackend:
                 # AOTAutograd calls us with its FakeTensorMode active; constants are real tensors.
                 with unset_fake_temporarily():
                     exe = compile_graph(graph, config, kind)
-                metrics.bump("graphs")
+                counters.bump("graphs")
                 return _boxed(exe)
             return compile_one
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 from filelock import FileLock, Timeout
 
-from neuron_compile import metrics
+from neuron_compile import counters
 from neuron_compile.cache_key import EXECUTABLE_FORMAT, CacheKey
 from neuron_compile.errors import ExecutableError
 from neuron_compile.executable import MANIFEST, Build, load_executable, write_executable
@@ -107,7 +107,7 @@ class ArtifactCache:
 
     def _write_failed(self, exc: OSError) -> None:
         self.writable = False
-        metrics.bump("cache_write_failures")
+        counters.bump("cache_write_failures")
         _warn_once(f"write:{self.root}", f"neuron-compile cannot write its cache dir {self.root} ({exc}); "
                                          "compiled graphs are kept in memory only for this process.")
 
@@ -137,7 +137,7 @@ class ArtifactCache:
         except OSError:
             shutil.rmtree(d, ignore_errors=True)
             where = "removed"
-        metrics.bump("quarantined")
+        counters.bump("quarantined")
         warnings.warn(f"neuron-compile cache entry {d} failed verification ({why}); {where}, recompiling.",
                       RuntimeWarning, stacklevel=2)
 
@@ -210,7 +210,7 @@ class ArtifactCache:
                 total -= e.bytes
                 removed += 1
         if removed:
-            metrics.bump("evictions", removed)
+            counters.bump("evictions", removed)
         self._clean_stale_tmp()
         return removed
 
@@ -229,7 +229,7 @@ class ArtifactCache:
         """Memory → disk (under the per-key lock) → compile and publish."""
         digest = key.digest
         if digest in _MEMORY:
-            metrics.bump("memory_hits")
+            counters.bump("memory_hits")
             return _MEMORY[digest]
         if not self.usable:
             exe = _compile_in_memory(compile_fn)
@@ -243,9 +243,9 @@ class ArtifactCache:
             try:
                 exe = self.load(digest)
                 if exe is not None:
-                    metrics.bump("disk_hits")
+                    counters.bump("disk_hits")
                 else:
-                    metrics.bump("misses")
+                    counters.bump("misses")
                     build = compile_fn()
                     final = self.store(digest, build, key, target)
                     exe = load_executable(final) if final is not None else build_to_executable(build)
@@ -257,7 +257,7 @@ class ArtifactCache:
 
 
 def _compile_in_memory(compile_fn: Callable[[], Build]) -> Executable:
-    metrics.bump("misses")
+    counters.bump("misses")
     return build_to_executable(compile_fn())
 
 
@@ -274,7 +274,7 @@ def build_to_executable(build: Build) -> Executable:
 def compile_without_disk(key: CacheKey, compile_fn: Callable[[], Build]) -> Executable:
     """Memory cache only (``cache=False``)."""
     if key.digest in _MEMORY:
-        metrics.bump("memory_hits")
+        counters.bump("memory_hits")
         return _MEMORY[key.digest]
     exe = _compile_in_memory(compile_fn)
     _MEMORY[key.digest] = exe

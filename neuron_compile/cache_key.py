@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from neuron_compile.lowering.ir import tensor_bytes
+
 log = logging.getLogger("neuron_compile.cache")
 
 EXECUTABLE_FORMAT = 1
@@ -94,9 +96,7 @@ def canonical_graph(gm: torch.fx.GraphModule) -> str:
             obj: Any = gm
             for part in n.target.split("."):
                 obj = getattr(obj, part)
-            t = obj.detach().contiguous().cpu()
-            raw = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
-            lines.append(f"%{i} = constant sha256:{_sha(raw.numpy().tobytes())} : {_meta(t)}")
+            lines.append(f"%{i} = constant sha256:{_sha(tensor_bytes(obj))} : {_meta(obj)}")
             continue
         target = _target_name(n.target) if n.op != "placeholder" else "input"
         lines.append(f"%{i} = {n.op} {target}({arg(n.args)}, {arg(n.kwargs)}) : {_meta(n.meta.get('val'))}")

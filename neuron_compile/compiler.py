@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import logging
 import shutil
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from neuron_compile import metrics
+from neuron_compile import counters
 from neuron_compile.cache import ArtifactCache, compile_without_disk, default_root
 from neuron_compile.cache_key import make_cache_key
 from neuron_compile.config import Config
@@ -78,16 +77,19 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     if lowered.mlir:
         linalg_path = workdir / "kernel.linalg.mlir"
         linalg_path.write_text(lowered.mlir)
+        dumper.copy(Phase.LINALG.value, linalg_path)
         t0 = time.perf_counter()
         llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout)
         build_seconds[Phase.LLVM.value] = time.perf_counter() - t0
+        dumper.copy(Phase.LLVM.value, llvm_path)
         t0 = time.perf_counter()
         so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout)
         build_seconds[Phase.OBJ.value] = time.perf_counter() - t0
+        dumper.copy(Phase.OBJ.value, workdir / "kernel.ll")
         build.payloads = {NATIVE: so, LLVM_MLIR: llvm_path}
-    metrics.bump("graphs_compiled")
+    counters.bump("graphs_compiled")
     for phase, secs in build_seconds.items():
-        metrics.add_seconds(phase, secs)
+        counters.add_seconds(phase, secs)
     log.info("neuron-compile %s: %d ATen ops, %s", name, build.ops,
              ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in build_seconds.items()))
     return build
@@ -123,13 +125,13 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
     target = HostCPU.detect()
     specs = graph_input_specs(gm)
     key = make_cache_key(gm, [s.to_json() for s in specs], config.codegen_key(), target.key())
-    metrics.add_seconds("cache_key", time.perf_counter() - t0)
-    dumper.write("key", "json", json.dumps({"digest": key.digest, "parts": dict(key.parts)}, indent=1))
+    counters.add_seconds("cache_key", time.perf_counter() - t0)
+    dumper.key(key.digest, key.explain())
 
     workdirs: list[Path] = []
 
     def compile_fn() -> Build:
-        workdir = dumper.dir if dumper.enabled else Path(tempfile.mkdtemp(prefix=f"neuron-{name}-"))
+        workdir = dumper.workdir or Path(tempfile.mkdtemp(prefix=f"neuron-{name}-"))
         workdirs.append(workdir)
         return build_graph(gm, config, name, dumper, target, workdir)
 
@@ -145,6 +147,9 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
         if ok and not dumper.enabled and not config.keep_tmp:
             for w in workdirs:
                 shutil.rmtree(w, ignore_errors=True)
-    metrics.add_seconds("total", time.perf_counter() - t0)
+        elif config.keep_tmp:
+            for w in workdirs:
+                log.warning("neuron-compile %s: work files kept in %s (NEURON_KEEP_TMP)", name, w)
+    counters.add_seconds("total", time.perf_counter() - t0)
     exe.cache_key = key
     return exe

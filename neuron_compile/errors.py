@@ -28,6 +28,7 @@ class UnsupportedOp:
     node: str
     location: str
     rule_file: str
+    reason: str = ""
 
 
 class UnsupportedOpsError(NeuronCompileError):
@@ -44,7 +45,8 @@ class UnsupportedOpsError(NeuronCompileError):
             "no silent fallback is made:"
         ]
         for u in self.ops:
-            lines.append(f"  - {u.op} (FX node '{u.node}') at {u.location}; "
+            why = f" ({u.reason})" if u.reason else ""
+            lines.append(f"  - {u.op} (FX node '{u.node}') at {u.location}{why}; "
                          f"a lowering rule would go in {u.rule_file}")
         lines.append("Rewrite these calls with supported ops, or add a lowering rule "
                      "(@register_lowering in neuron_compile.lowering.rules).")
@@ -59,6 +61,15 @@ class DynamicShapeError(NeuronCompileError):
             f"neuron-compile compiles static shapes only, but {what} has a symbolic size. "
             "Call torch.compile(..., backend=\"neuron\", dynamic=False) "
             "(and do not mark inputs dynamic with torch._dynamo.mark_dynamic).")
+
+
+class RuleDeclined(NeuronCompileError):
+    """Raised by a lowering rule for a case of its op it does not support (collected by the emitter
+    into one :class:`UnsupportedOpsError`; never escapes to the user on its own)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
 
 
 class LoweringError(NeuronCompileError):

@@ -11,6 +11,7 @@ payload's sha256 before any native code is mapped.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import functools
@@ -160,7 +161,9 @@ def load_executable(path: str | Path, mode: str = "native") -> Executable:
 
 @functools.lru_cache(maxsize=1)
 def _private_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="neuron-loaded-"))
+    d = Path(tempfile.mkdtemp(prefix="neuron-loaded-"))
+    atexit.register(shutil.rmtree, d, True)
+    return d
 
 
 def _load_private_copy(path: Path, digest: str):

@@ -70,8 +70,11 @@ void memrefCopy(int64_t elem, UnrankedMemRef *src, UnrankedMemRef *dst) {
 @functools.lru_cache(maxsize=1)
 def _runtime_object() -> Path:
     """The kernel runtime (``memrefCopy``) compiled once per process."""
+    import atexit
+    import shutil
     import tempfile
     d = Path(tempfile.mkdtemp(prefix="neuron-runtime-"))
+    atexit.register(shutil.rmtree, d, True)
     src, obj = d / "runtime.c", d / "runtime.o"
     src.write_text(RUNTIME_C)
     run_stage("obj", [tool("cc"), "-O2", "-fPIC", "-c", str(src), "-o", str(obj)], src, 120)

@@ -70,7 +70,9 @@ def run_stage(phase: str, argv: list[str], input_path: Path, timeout: float) -> 
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=timeout, preexec_fn=_limit_memory)
     except subprocess.TimeoutExpired:
-        raise PipelineError(phase, str(input_path), cmd, f"timed out after {timeout:.0f} s") from None
+        raise PipelineError(phase, str(input_path), cmd,
+                            f"timed out after {timeout:g} s (raise NEURON_COMPILE_TIMEOUT or "
+                            "options={'compile_timeout': ...})") from None
     if proc.returncode != 0:
         if proc.returncode < 0:
             sig = signal.Signals(-proc.returncode).name

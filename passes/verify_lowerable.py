@@ -1,6 +1,6 @@
 """``verify-lowerable``: every call in the graph has a lowering rule, or compilation fails with
-*one* :class:`~neuron_compile.errors.UnsupportedOpsError` listing every missing op and its user
-source line. There is no silent fallback to eager.
+*one* :class:`~neuron_compile.errors.UnsupportedOpsError` listing every missing op (and every case
+a rule declines) with its user source line. There is no silent fallback to eager.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_compile.errors import UnsupportedOp, UnsupportedOpsError
+from neuron_compile.errors import UnsupportedOp
 
 
 def unsupported_ops(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
@@ -33,7 +33,10 @@ class VerifyLowerable:
     graph_name: str = "graph"
 
     def run(self, gm: torch.fx.GraphModule) -> bool:
-        missing = unsupported_ops(gm)
-        if missing:
-            raise UnsupportedOpsError(missing, self.graph_name)
+        if unsupported_ops(gm):
+            # Lower anyway, with stand-ins for the missing ops, so the one error also lists the cases
+            # that existing rules decline (e.g. index_put with two index tensors).
+            from neuron_compile.lowering.emit import lower_graph
+            lower_graph(gm, self.graph_name)  # raises UnsupportedOpsError listing everything
+            raise AssertionError("lower_graph accepted a graph with unlowerable ops")
         return False

@@ -287,7 +287,7 @@ def lower_gelu(ctx: LoweringContext, a, approximate="none") -> TensorValue:
 def lower_to_copy(ctx: LoweringContext, a, *, dtype=None, layout=None, device=None, pin_memory=None,
                   non_blocking=False, memory_format=None) -> TensorValue:
     if device is not None and torch.device(device).type != "cpu":
-        raise ctx.fail(f"device {device} is not supported (host CPU target)")
+        raise ctx.unsupported(f"device {device} is not supported (host CPU target)")
     _, out_dtype = ctx.out_spec()
     return ctx.cast(a, out_dtype) if out_dtype != a.dtype else a
 
@@ -295,6 +295,15 @@ def lower_to_copy(ctx: LoweringContext, a, *, dtype=None, layout=None, device=No
 @register_lowering(prims.convert_element_type.default)
 def lower_convert_element_type(ctx: LoweringContext, a, dtype) -> TensorValue:
     return ctx.cast(a, dtype)
+
+
+@register_lowering(aten.copy.default)
+def lower_copy(ctx: LoweringContext, dst, src, non_blocking=False) -> TensorValue:
+    """Functional ``copy``: ``src`` broadcast to ``dst``'s shape and cast to its dtype (``Tensor.copy_``)."""
+    shape, dtype = ctx.out_spec()
+    if isinstance(src, TensorValue):
+        return ctx.elementwise(lambda s, x: x, [src], shape, dtype, compute_dtype=src.dtype)
+    return ctx.fill(shape, dtype, src)
 
 
 @register_lowering(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default)

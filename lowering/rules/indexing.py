@@ -76,7 +76,7 @@ def lower_index(ctx: LoweringContext, x: TensorValue, indices) -> TensorValue:
     out_shape, _ = ctx.out_spec()
     pos = [i for i, t in enumerate(indices) if t is not None]
     if pos != list(range(pos[0], pos[-1] + 1)):
-        raise ctx.fail("index with non-adjacent index tensors is not supported")
+        raise ctx.unsupported("index with non-adjacent index tensors is not supported")
     tensors = [indices[i] for i in pos]
     bshape = torch.broadcast_shapes(*[t.shape for t in tensors])
     first, nb = pos[0], len(bshape)
@@ -110,7 +110,7 @@ def _scatter_dense(ctx: LoweringContext, x: TensorValue, dim: int, index: Tensor
     """
     dim = dim % x.rank
     if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
-        raise ctx.fail("scatter with an index smaller than self outside `dim` is not supported")
+        raise ctx.unsupported("scatter with an index smaller than self outside `dim` is not supported")
     rank = x.rank + 1
     kd = f"d{x.rank}"
     idx_map = affine_map(rank, [kd if d == dim else f"d{d}" for d in range(x.rank)])
@@ -152,10 +152,10 @@ def lower_index_put(ctx: LoweringContext, x: TensorValue, indices, values: Tenso
     """``x[idx] (+)= values`` for one index tensor on dim 0: an ``scf.for`` over the index
     elements updating one row (slice) per step, in order (so duplicates accumulate like eager)."""
     if len([i for i in indices if i is not None]) != 1 or indices[0] is None:
-        raise ctx.fail("index_put supports one index tensor on dimension 0")
+        raise ctx.unsupported("index_put with anything but one index tensor on dimension 0")
     idx = indices[0]
     if idx.dtype == torch.bool:
-        raise ctx.fail("index_put with a boolean mask is not supported")
+        raise ctx.unsupported("index_put with a boolean mask is not supported")
     n = numel(idx.shape)
     row_shape = x.shape[1:]
     flat_idx = ctx.reshape(idx, (n,))

@@ -23,7 +23,7 @@ prims = torch.ops.prims
 def lower_view(ctx: LoweringContext, x: TensorValue, *args) -> TensorValue:
     shape, dtype = ctx.out_spec()
     if dtype != x.dtype:
-        raise ctx.fail("view with a dtype change (bitcast) is not supported")
+        raise ctx.unsupported("view with a dtype change (bitcast) is not supported")
     return ctx.reshape(x, shape)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import neuron_compile.metrics as M
+import neuron_compile.counters as M
 from neuron_compile.cache import clear_memory_cache
 from neuron_compile.executable import LLVM_MLIR, NATIVE, load_executable
 

@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-import neuron_compile.metrics as M
+import neuron_compile.counters as M
 
 
 def main(mode: str) -> None:

@@ -121,3 +121,23 @@ def test_unknown_option_is_rejected_with_the_known_ones():
 def test_public_error_types_are_exported():
     for name in ("UnsupportedOpsError", "DynamicShapeError", "PipelineError", "LoweringError"):
         assert issubclass(getattr(neuron_compile, name), neuron_compile.NeuronCompileError)
+
+
+def declined_and_missing(x, i, j):
+    y = x.clone()
+    y[i, j] = 1.0                      # index_put with two index tensors: its rule declines this case
+    return torch.ops.neuron_test.mystery_a(y)
+
+
+def test_a_rule_declining_a_case_is_listed_with_the_other_unsupported_ops():
+    err = _unsupported_error(declined_and_missing, torch.randn(4, 4), torch.tensor([0, 2]), torch.tensor([1, 3]))
+    by_op = {u.op: u for u in err.ops}
+    assert set(by_op) == {"aten.index_put.default", "neuron_test.mystery_a.default"}
+    assert "one index tensor on dimension 0" in by_op["aten.index_put.default"].reason
+    assert by_op["aten.index_put.default"].location.endswith(f":{_line_of(declined_and_missing, 'y[i, j]')}")
+
+
+def test_mode_argument_is_ignored_with_a_warning():
+    with pytest.warns(RuntimeWarning, match="mode='max-autotune' has no meaning"):
+        out = torch.compile(lambda x: x + 1, backend="neuron", mode="max-autotune", dynamic=False)(torch.ones(2))
+    torch.testing.assert_close(out, torch.full((2,), 2.0))

@@ -101,3 +101,24 @@ def test_same_tensor_returned_twice_and_an_input_returned():
     torch.testing.assert_close(a, x + y)
     torch.testing.assert_close(b, x + y)
     torch.testing.assert_close(c, y)
+
+
+def test_tensor_constants_created_in_the_graph_including_0d():
+    def f(x):
+        return x * torch.tensor(3.0) + torch.tensor([1.0, 2.0]) + torch.tensor(True)
+    x = torch.randn(2)
+    torch.testing.assert_close(neuron_compile(f)(x), f(x))
+
+
+def test_assignment_into_input_slices_copies_back_like_eager():
+    def f(x, y):
+        x[:2] += 1
+        x[:, 0] = 0
+        y.copy_(x.sum(0))
+        return x * 2
+    x, y = torch.randn(4, 3), torch.randn(3)
+    x2, y2 = x.clone(), y.clone()
+    out = neuron_compile(f)(x, y)
+    torch.testing.assert_close(out, f(x2, y2))
+    torch.testing.assert_close(x, x2)
+    torch.testing.assert_close(y, y2)

@@ -1,4 +1,4 @@
-"""Process-wide counters of what the compiler and cache did.
+"""Process-wide counters of what the compiler and cache did (``neuron_compile.metrics()``).
 
 ``metrics()`` returns a snapshot; every counter is mirrored into Dynamo's
 ``torch._dynamo.utils.counters["neuron"]`` so it shows in Dynamo's own reports.
