@@ -1,0 +1,43 @@
+"""Workloads shared by the benchmarks: the vertical slice's MLP and causal attention block."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int = 256, hidden: int = 512, d_out: int = 10):
+        super().__init__()
+        self.fc1, self.norm, self.fc2 = nn.Linear(d_in, hidden), nn.LayerNorm(hidden), nn.Linear(hidden, d_out)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.norm(self.fc1(x))))
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int = 128, heads: int = 4):
+        super().__init__()
+        self.h = heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        def split(y):
+            return y.view(b, t, self.h, c // self.h).transpose(1, 2)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.h)
+        s = s.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool)), float("-inf"))
+        return self.o((s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c))
+
+
+def workload(name: str):
+    """(module, example input) with a training-shaped batch; seeded."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        return MLP(), torch.randn(64, 256)
+    if name == "attention":
+        return Attention(), torch.randn(8, 64, 128)
+    raise ValueError(name)
