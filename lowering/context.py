@@ -13,11 +13,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from neuron_compile.lowering.lazy import LazyTensor, pointwise
 from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, numel, storage_type, tensor_type
 from neuron_compile.lowering.scalar import ScalarBuilder
 from neuron_compile.errors import LoweringError, RuleDeclined
 
-Operand = TensorValue | float | int | bool
+Operand = TensorValue | LazyTensor | float | int | bool
 BodyFn = Callable[..., Scalar]
 
 
@@ -130,6 +131,7 @@ class LoweringContext:
         ``body(b, [in scalars..., out scalar])`` returns the value to yield. ``init`` is the
         output's initial value (it is read in the region only for reductions).
         """
+        ins = [self.materialize(v) for v in ins]
         if numel(init.shape) == 0:
             return init
         args = [Scalar(self.body.namer("a"), v.dtype) for v in ins]
@@ -152,71 +154,50 @@ class LoweringContext:
         self.body.lines.extend(lines)
         return TensorValue(name, init.shape, init.dtype)
 
-    def broadcast_map(self, v: TensorValue, out_shape: Sequence[int]) -> str:
-        """Indexing map reading ``v`` broadcast (numpy rules, right-aligned) to ``out_shape``."""
-        rank = len(out_shape)
-        lead = rank - v.rank
-        if lead < 0:
-            raise self.fail(f"cannot broadcast {v.shape} to {tuple(out_shape)}")
-        res = []
-        for i, s in enumerate(v.shape):
-            d = lead + i
-            if s == out_shape[d]:
-                res.append(f"d{d}")
-            elif s == 1:
-                res.append("0")
-            else:
-                raise self.fail(f"cannot broadcast {v.shape} to {tuple(out_shape)}")
-        return affine_map(rank, res)
-
     def identity_map(self, rank: int) -> str:
         return affine_map(rank, [f"d{i}" for i in range(rank)])
 
     def elementwise(self, fn: BodyFn, operands: Sequence[Operand], out_shape: Sequence[int],
                     out_dtype: torch.dtype, compute_dtype: torch.dtype | Sequence[torch.dtype] | None = None
-                    ) -> TensorValue:
-        """``out = fn(b, *scalars)`` elementwise over broadcast operands.
+                    ) -> LazyTensor:
+        """``out = fn(b, *scalars)`` elementwise over broadcast operands, as a :class:`LazyTensor`.
 
         Python numbers become constants of ``compute_dtype``; tensor operands are cast to
         ``compute_dtype`` (one dtype, or one per operand) before ``fn`` and the result is cast to
-        ``out_dtype``.
+        ``out_dtype``. Nothing is emitted until the value is materialised (by a consumer that needs
+        memory, or by the emitter at a kernel boundary).
         """
-        out_shape = tuple(int(s) for s in out_shape)
         n = len(operands)
         cdts = list(compute_dtype) if isinstance(compute_dtype, (list, tuple)) else [compute_dtype] * n
-        tensors = [o for o in operands if isinstance(o, TensorValue)]
-        maps = [self.broadcast_map(t, out_shape) for t in tensors]
-        init = self.empty(out_shape, out_dtype)
+        try:
+            return pointwise(fn, operands, out_shape, out_dtype, cdts, _py_dtype)
+        except ValueError as exc:
+            raise self.fail(str(exc)) from None
 
-        def body(b: BodyBuilder, args: list[Scalar]) -> Scalar:
-            it = iter(args[:-1])
-            scalars = []
-            for o, cdt in zip(operands, cdts):
-                if isinstance(o, TensorValue):
-                    s = next(it)
-                    scalars.append(b.cast(s, cdt) if cdt is not None else s)
-                else:
-                    scalars.append(b.const(o, cdt if cdt is not None else _py_dtype(o)))
-            return b.cast(fn(b, *scalars), out_dtype)
+    def materialize(self, v: "TensorValue | LazyTensor") -> TensorValue:
+        """Write a lazy value to a tensor: one ``linalg.generic`` reading its leaves."""
+        if not isinstance(v, LazyTensor):
+            return v
+        init = self.empty(v.shape, v.dtype)
+        maps = [affine_map(v.rank, list(lf.exprs)) for lf in v.leaves]
+        return self.generic([lf.value for lf in v.leaves], maps, init, self.identity_map(v.rank),
+                            ["parallel"] * v.rank, lambda b, args: v.fn(b, args[:-1]))
 
-        return self.generic(tensors, maps, init, self.identity_map(len(out_shape)),
-                            ["parallel"] * len(out_shape), body)
-
-    def cast(self, v: TensorValue, dtype: torch.dtype) -> TensorValue:
+    def cast(self, v: "TensorValue | LazyTensor", dtype: torch.dtype) -> "TensorValue | LazyTensor":
         if v.dtype == dtype:
             return v
         return self.elementwise(lambda b, x: x, [v], v.shape, dtype, compute_dtype=v.dtype)
 
-    def broadcast_to(self, v: TensorValue, shape: Sequence[int]) -> TensorValue:
-        """Materialise ``v`` broadcast to ``shape`` (only for ops that need a real tensor)."""
+    def broadcast_to(self, v: "TensorValue | LazyTensor", shape: Sequence[int]) -> "TensorValue | LazyTensor":
+        """``v`` broadcast to ``shape`` (lazy: an indexing map, never a copy unless materialised)."""
         if tuple(shape) == v.shape:
             return v
         return self.elementwise(lambda b, x: x, [v], shape, v.dtype, compute_dtype=v.dtype)
 
     # -- reductions ------------------------------------------------------------------------------
-    def reduce(self, v: TensorValue, dims: Sequence[int], keepdim: bool, init_value: float | int | bool,
-               combine: Callable[[BodyBuilder, Scalar, Scalar], Scalar], acc_dtype: torch.dtype,
-               pre: Callable[[BodyBuilder, Scalar], Scalar] | None = None) -> TensorValue:
+    def reduce(self, v: "TensorValue | LazyTensor", dims: Sequence[int], keepdim: bool,
+               init_value: float | int | bool, combine: Callable[[BodyBuilder, Scalar, Scalar], Scalar],
+               acc_dtype: torch.dtype, pre: Callable[[BodyBuilder, Scalar], Scalar] | None = None) -> TensorValue:
         """Reduce ``v`` over ``dims`` with ``combine(b, acc, x)`` starting from ``init_value``.
 
         ``pre`` maps each element before combining (e.g. a cast or a square). Result dtype is
@@ -230,14 +211,20 @@ class LoweringContext:
             red = init
         else:
             iters = ["reduction" if i in dims else "parallel" for i in range(v.rank)]
+            if isinstance(v, LazyTensor):  # prologue fusion: the producer chain runs inside the reduction
+                ins = [lf.value for lf in v.leaves]
+                maps = [affine_map(v.rank, list(lf.exprs)) for lf in v.leaves]
+                load = v.fn
+            else:
+                ins, maps = [v], [self.identity_map(v.rank)]
+                load = lambda b, xs: xs[0]  # noqa: E731
 
             def body(b: BodyBuilder, args: list[Scalar]) -> Scalar:
-                x, acc = args
+                x, acc = load(b, args[:-1]), args[-1]
                 x = pre(b, x) if pre else b.cast(x, acc_dtype)
                 return combine(b, acc, x)
 
-            red = self.generic([v], [self.identity_map(v.rank)], init,
-                               affine_map(v.rank, [f"d{i}" for i in kept]), iters, body)
+            red = self.generic(ins, maps, init, affine_map(v.rank, [f"d{i}" for i in kept]), iters, body)
         if keepdim:
             return self.reshape(red, tuple(1 if i in dims else v.shape[i] for i in range(v.rank)))
         return red
@@ -245,6 +232,7 @@ class LoweringContext:
     # -- shape ops -------------------------------------------------------------------------------
     def reshape(self, v: TensorValue, shape: Sequence[int]) -> TensorValue:
         """Row-major reshape (``aten.view`` on values): collapse to 1-D, expand to ``shape``."""
+        v = self.materialize(v)
         shape = tuple(int(s) for s in shape)
         if shape == v.shape:
             return v
@@ -273,6 +261,7 @@ class LoweringContext:
 
     def permute(self, v: TensorValue, perm: Sequence[int]) -> TensorValue:
         """``linalg.transpose`` with ``permutation = perm`` (out dim i = in dim perm[i])."""
+        v = self.materialize(v)
         perm = [p % v.rank for p in perm] if v.rank else []
         if perm == list(range(v.rank)):
             return v
@@ -285,6 +274,7 @@ class LoweringContext:
 
     def extract_slice(self, v: TensorValue, offsets: Sequence[int], sizes: Sequence[int],
                       strides: Sequence[int]) -> TensorValue:
+        v = self.materialize(v)
         shape = tuple(int(s) for s in sizes)
         if numel(shape) == 0:
             return self.empty(shape, v.dtype)
@@ -296,6 +286,7 @@ class LoweringContext:
 
     def insert_slice(self, src: TensorValue, dest: TensorValue, offsets: Sequence[int],
                      strides: Sequence[int] | None = None) -> TensorValue:
+        src, dest = self.materialize(src), self.materialize(dest)
         if numel(src.shape) == 0:
             return dest
         strides = strides or [1] * dest.rank
@@ -307,6 +298,7 @@ class LoweringContext:
     # -- contractions ----------------------------------------------------------------------------
     def matmul(self, a: TensorValue, b: TensorValue, out_dtype: torch.dtype) -> TensorValue:
         """``linalg.matmul`` (2-D) or ``linalg.batch_matmul`` (3-D) into a zero-filled accumulator."""
+        a, b = self.materialize(a), self.materialize(b)
         if a.rank == 2:
             shape, op = (a.shape[0], b.shape[1]), "linalg.matmul"
         else:

@@ -26,7 +26,8 @@ from neuron_compile.errors import (DynamicShapeError, LoweringError, NeuronCompi
 from neuron_compile.lowering.context import FunctionBody, LoweringContext
 from neuron_compile.lowering.ir import TensorValue, contiguous_strides, memref_type, tensor_bytes, tensor_type
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
-from neuron_compile.lowering.registry import get_lowering, rule_file_for
+from neuron_compile.lowering.lazy import LazyTensor
+from neuron_compile.lowering.registry import fusion_kind, get_lowering, rule_file_for
 from neuron_compile.plan import CallPlan, HostOp, OutputSlot, TensorSpec
 
 from neuron_compile.runtime import KERNEL_SYMBOL  # noqa: E402
@@ -125,10 +126,15 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
             declines.append(UnsupportedOp(op_name(node), node.name, user_location(node), rule_file_for(node.target)))
             env[node] = _stand_in(ctx, node.meta["val"])
             continue
-        args = torch.fx.node.map_arg(node.args, lambda a: env[a])
-        kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: env[a])
+        kind = fusion_kind(node.target)
+        fetch = (lambda a: env[a]) if kind in LAZY_INPUT_KINDS else (lambda a: _materialized(ctx, env, a))
+        args = torch.fx.node.map_arg(node.args, fetch)
+        kwargs = torch.fx.node.map_arg(node.kwargs, fetch)
         try:
-            env[node] = rule(ctx, *args, **kwargs)
+            result = rule(ctx, *args, **kwargs)
+            if not stays_lazy(node):
+                result = _materialize_all(ctx, result)
+            env[node] = result
         except RuleDeclined as declined:  # keep going so one error lists every unsupported op
             declines.append(UnsupportedOp(op_name(node), node.name, user_location(node),
                                           rule_file_for(node.target), declined.reason))
@@ -142,6 +148,9 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     if declines:
         raise UnsupportedOpsError(declines, graph_name)
     out_node = next(n for n in graph.nodes if n.op == "output")
+    for o in out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]:
+        if isinstance(o, torch.fx.Node):
+            _materialized(LoweringContext(body, o, mlir_location(o)), env, o)
     outs = out_node.args[0]
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     first_owner: dict[Any, torch.fx.Node] = {}
@@ -203,6 +212,38 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
                  *prologue, *body.lines, *stores, "    return", "  }", "}"]
         mlir = "\n".join(lines) + "\n"
     return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count)
+
+
+LAZY_INPUT_KINDS = ("pointwise", "reduction")
+KERNEL = "neuron_kernel"  # node.meta key set by the fusion pass (passes/fuse.py)
+
+
+def stays_lazy(node: torch.fx.Node) -> bool:
+    """A fused value stays unmaterialised iff the fusion pass put every user in its own kernel and
+    every user can read lazy inputs (and it is not a graph output)."""
+    kernel = node.meta.get(KERNEL)
+    if kernel is None:
+        return False
+    for u in node.users:
+        if u.op != "call_function" or u.meta.get(KERNEL) != kernel or fusion_kind(u.target) not in LAZY_INPUT_KINDS:
+            return False
+    return True
+
+
+def _materialize_all(ctx: LoweringContext, v: Any) -> Any:
+    if isinstance(v, LazyTensor):
+        return ctx.materialize(v)
+    if isinstance(v, tuple):
+        return tuple(_materialize_all(ctx, x) for x in v)
+    return v
+
+
+def _materialized(ctx: LoweringContext, env: dict, node: torch.fx.Node) -> Any:
+    """``env[node]`` written to memory (once: the materialised value replaces the lazy one)."""
+    v = env[node]
+    if isinstance(v, LazyTensor) or (isinstance(v, tuple) and any(isinstance(x, LazyTensor) for x in v)):
+        v = env[node] = _materialize_all(LoweringContext(ctx.body, node, mlir_location(node)), v)
+    return v
 
 
 def _stand_in(ctx: LoweringContext, val: Any) -> Any:

@@ -16,17 +16,27 @@ import torch
 LoweringRule = Callable[..., object]
 
 _RULES: dict[torch._ops.OpOverload, LoweringRule] = {}
+_KINDS: dict[torch._ops.OpOverload, str] = {}
+FUSION_KINDS = ("pointwise", "reduction", "matmul", "opaque")
 _FAMILIES = ("elementwise", "reduction", "matmul", "shape", "indexing", "creation")
 _loaded = False
 
 
-def register_lowering(*ops: object) -> Callable[[LoweringRule], LoweringRule]:
+def register_lowering(*ops: object, kind: str | None = None) -> Callable[[LoweringRule], LoweringRule]:
     """Register the decorated rule for ``ops`` (``OpOverload`` or ``OpOverloadPacket``).
 
+    ``kind`` is the op's fusion kind (``pointwise``, ``reduction``, ``matmul``, ``opaque``);
+    by default the ``FUSION_KIND`` of the rule's module (``opaque`` if it has none). Pointwise and
+    reduction rules accept lazy (fused, not yet materialised) inputs.
+
     Raises:
-        ValueError: an op already has a rule (rules must be unique).
+        ValueError: an op already has a rule (rules must be unique), or an unknown kind.
     """
     def deco(fn: LoweringRule) -> LoweringRule:
+        import sys
+        k = kind or getattr(sys.modules.get(fn.__module__), "FUSION_KIND", "opaque")
+        if k not in FUSION_KINDS:
+            raise ValueError(f"unknown fusion kind {k!r}")
         for op in ops:
             overloads = ([getattr(op, o) for o in op.overloads()]
                          if isinstance(op, torch._ops.OpOverloadPacket) else [op])
@@ -34,6 +44,7 @@ def register_lowering(*ops: object) -> Callable[[LoweringRule], LoweringRule]:
                 if ov in _RULES:
                     raise ValueError(f"{ov} already has lowering rule {_RULES[ov].__name__}")
                 _RULES[ov] = fn
+                _KINDS[ov] = k
         return fn
     return deco
 
@@ -54,6 +65,12 @@ def lowering_rules() -> dict[torch._ops.OpOverload, LoweringRule]:
 
 def get_lowering(op: object) -> LoweringRule | None:
     return lowering_rules().get(op)  # type: ignore[arg-type]
+
+
+def fusion_kind(op: object) -> str:
+    """``pointwise``/``reduction``/``matmul``/``opaque`` for an op (``opaque`` if it has no rule)."""
+    lowering_rules()
+    return _KINDS.get(op, "opaque")  # type: ignore[arg-type]
 
 
 _FAMILY_PATTERNS = [

@@ -15,6 +15,7 @@ from neuron_compile.lowering.ir import TensorValue
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
+FUSION_KIND = "pointwise"
 prims = torch.ops.prims
 
 

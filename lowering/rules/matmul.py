@@ -11,6 +11,7 @@ from neuron_compile.lowering.ir import TensorValue
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
+FUSION_KIND = "matmul"
 
 
 @register_lowering(aten.mm.default)

@@ -14,6 +14,7 @@ from neuron_compile.lowering.ir import TensorValue
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
+FUSION_KIND = "reduction"
 
 
 def _dims(x: TensorValue, dim) -> list[int]:

@@ -1,0 +1,121 @@
+"""Lazy (fused) tensor values: pointwise expressions not yet written to memory.
+
+Inductor's ``Pointwise(inner_fn)`` idea on linalg: a :class:`LazyTensor` is a scalar function of
+*leaves* — materialised tensors read through affine indexing maps over the lazy value's own
+iteration domain. Combining lazies composes the maps (broadcasts become ``0`` or a renamed loop
+dim), so a chain of pointwise ops, or a pointwise prologue feeding a reduction, becomes the body of
+ONE ``linalg.generic`` and its intermediates never touch memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from neuron_compile.lowering.ir import Scalar, TensorValue
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A materialised tensor read at ``exprs`` (one ``dK`` or ``0`` per dim) of the lazy domain."""
+
+    value: TensorValue
+    exprs: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class LazyTensor:
+    """A tensor value defined by ``fn(builder, leaf_scalars) -> Scalar`` at every point of ``shape``.
+
+    ``ops`` counts the ATen-level operations folded in (the fusion size limit uses it).
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    leaves: tuple[Leaf, ...]
+    fn: Callable[[Any, Sequence[Scalar]], Scalar]
+    ops: int = 1
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+def broadcast_exprs(src: Sequence[int], out: Sequence[int]) -> tuple[str, ...]:
+    """Index expressions reading a ``src``-shaped tensor at a point of the ``out`` domain
+    (numpy broadcasting, right-aligned). Raises ``ValueError`` if ``src`` does not broadcast."""
+    lead = len(out) - len(src)
+    if lead < 0:
+        raise ValueError(f"cannot broadcast {tuple(src)} to {tuple(out)}")
+    exprs = []
+    for i, s in enumerate(src):
+        if s == out[lead + i]:
+            exprs.append(f"d{lead + i}")
+        elif s == 1:
+            exprs.append("0")
+        else:
+            raise ValueError(f"cannot broadcast {tuple(src)} to {tuple(out)}")
+    return tuple(exprs)
+
+
+def compose(inner: Sequence[str], outer: Sequence[str]) -> tuple[str, ...]:
+    """Substitute ``outer`` (exprs of the inner domain's dims over the outer domain) into ``inner``."""
+    return tuple(e if e == "0" else outer[int(e[1:])] for e in inner)
+
+
+class _Leaves:
+    def __init__(self) -> None:
+        self.items: list[Leaf] = []
+        self._index: dict[tuple[str, tuple[str, ...]], int] = {}
+
+    def add(self, leaf: Leaf) -> int:
+        key = (leaf.value.name, leaf.exprs)
+        if key not in self._index:
+            self._index[key] = len(self.items)
+            self.items.append(leaf)
+        return self._index[key]
+
+
+def pointwise(fn: Callable[..., Scalar], operands: Sequence[Any], out_shape: Sequence[int],
+              out_dtype: torch.dtype, compute_dtypes: Sequence[torch.dtype | None],
+              py_dtype: Callable[[Any], torch.dtype]) -> LazyTensor:
+    """``fn(b, *operand_scalars)`` over broadcast operands (tensors, lazies or Python numbers).
+
+    Operand scalars are cast to their compute dtype, the result to ``out_dtype``.
+    """
+    out_shape = tuple(int(s) for s in out_shape)
+    leaves = _Leaves()
+    plan: list[tuple] = []
+    ops = 1
+    for o, cdt in zip(operands, compute_dtypes):
+        if isinstance(o, TensorValue):
+            plan.append(("leaf", leaves.add(Leaf(o, broadcast_exprs(o.shape, out_shape))), cdt))
+        elif isinstance(o, LazyTensor):
+            outer = broadcast_exprs(o.shape, out_shape)
+            idx = [leaves.add(Leaf(lf.value, compose(lf.exprs, outer))) for lf in o.leaves]
+            plan.append(("lazy", (o, idx), cdt))
+            ops += o.ops
+        else:
+            plan.append(("const", o, cdt))
+
+    def body(b, scalars: Sequence[Scalar]) -> Scalar:
+        vals = []
+        for kind, what, cdt in plan:
+            if kind == "leaf":
+                s = scalars[what]
+            elif kind == "lazy":
+                s = what[0].fn(b, [scalars[i] for i in what[1]])
+            else:
+                s = b.const(what, cdt if cdt is not None else py_dtype(what))
+            vals.append(b.cast(s, cdt) if cdt is not None else s)
+        return b.cast(fn(b, *vals), out_dtype)
+
+    return LazyTensor(out_shape, out_dtype, tuple(leaves.items), body, ops)
