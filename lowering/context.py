@@ -63,6 +63,7 @@ class FunctionBody:
 
     namer: Namer = field(default_factory=Namer)
     lines: list[str] = field(default_factory=list)
+    kernels: int = 0  # loop nests over data emitted (accumulator fills and inits excluded)
 
 
 @dataclass
@@ -124,8 +125,8 @@ class LoweringContext:
 
     # -- linalg.generic --------------------------------------------------------------------------
     def generic(self, ins: Sequence[TensorValue], in_maps: Sequence[str], init: TensorValue,
-                out_map: str, iterators: Sequence[str], body: Callable[[BodyBuilder, list[Scalar]], Scalar]
-                ) -> TensorValue:
+                out_map: str, iterators: Sequence[str], body: Callable[[BodyBuilder, list[Scalar]], Scalar],
+                kernel: bool = True) -> TensorValue:
         """One ``linalg.generic`` with a single output.
 
         ``body(b, [in scalars..., out scalar])`` returns the value to yield. ``init`` is the
@@ -152,6 +153,7 @@ class LoweringContext:
                  f"      linalg.yield {result.name} : {storage_type(result.dtype)} {self.loc}",
                  f"    }} -> {init.type} {self.loc}"]
         self.body.lines.extend(lines)
+        self.body.kernels += kernel
         return TensorValue(name, init.shape, init.dtype)
 
     def identity_map(self, rank: int) -> str:
@@ -174,14 +176,14 @@ class LoweringContext:
         except ValueError as exc:
             raise self.fail(str(exc)) from None
 
-    def materialize(self, v: "TensorValue | LazyTensor") -> TensorValue:
+    def materialize(self, v: "TensorValue | LazyTensor", kernel: bool = True) -> TensorValue:
         """Write a lazy value to a tensor: one ``linalg.generic`` reading its leaves."""
         if not isinstance(v, LazyTensor):
             return v
         init = self.empty(v.shape, v.dtype)
         maps = [affine_map(v.rank, list(lf.exprs)) for lf in v.leaves]
         return self.generic([lf.value for lf in v.leaves], maps, init, self.identity_map(v.rank),
-                            ["parallel"] * v.rank, lambda b, args: v.fn(b, args[:-1]))
+                            ["parallel"] * v.rank, lambda b, args: v.fn(b, args[:-1]), kernel=kernel)
 
     def cast(self, v: "TensorValue | LazyTensor", dtype: torch.dtype) -> "TensorValue | LazyTensor":
         if v.dtype == dtype:
@@ -269,6 +271,7 @@ class LoweringContext:
         init = self.empty(shape, v.dtype)
         if numel(shape) == 0:
             return init
+        self.body.kernels += 1
         return self.emit(f"linalg.transpose ins({v.name} : {v.type}) outs({init.name} : {init.type}) "
                          f"permutation = [{', '.join(map(str, perm))}]", shape, v.dtype)
 
@@ -290,24 +293,51 @@ class LoweringContext:
         if numel(src.shape) == 0:
             return dest
         strides = strides or [1] * dest.rank
+        self.body.kernels += 1  # a copy loop
         return self.emit(
             f"tensor.insert_slice {src.name} into {dest.name}[{', '.join(map(str, offsets))}] "
             f"[{', '.join(map(str, src.shape))}] [{', '.join(map(str, strides))}] : {src.type} into {dest.type}",
             dest.shape, dest.dtype)
 
     # -- contractions ----------------------------------------------------------------------------
-    def matmul(self, a: TensorValue, b: TensorValue, out_dtype: torch.dtype) -> TensorValue:
-        """``linalg.matmul`` (2-D) or ``linalg.batch_matmul`` (3-D) into a zero-filled accumulator."""
+    def matmul(self, a: "TensorValue | LazyTensor", b: "TensorValue | LazyTensor", out_dtype: torch.dtype,
+               trans_a: bool = False, trans_b: bool = False,
+               acc_init: "TensorValue | LazyTensor | None" = None) -> TensorValue:
+        """``op(a) @ op(b) (+ acc_init)`` for 2-D or batched 3-D operands.
+
+        Plain operands use ``linalg.matmul``/``linalg.batch_matmul``; transposed ones a contraction
+        ``linalg.generic`` whose indexing map reads the operand transposed (no copy). The
+        accumulator starts at ``acc_init`` broadcast to the output (a fused bias add) or zero.
+        """
         a, b = self.materialize(a), self.materialize(b)
-        if a.rank == 2:
-            shape, op = (a.shape[0], b.shape[1]), "linalg.matmul"
+        batch = a.shape[:-2]
+        m = a.shape[-1] if trans_a else a.shape[-2]
+        k = a.shape[-2] if trans_a else a.shape[-1]
+        n = b.shape[-2] if trans_b else b.shape[-1]
+        shape = (*batch, m, n)
+        if acc_init is not None:
+            # the accumulator's initial value belongs to the matmul kernel, like a zero fill
+            acc = self.materialize(self.broadcast_to(self.cast(acc_init, out_dtype), shape), kernel=False)
         else:
-            shape, op = (a.shape[0], a.shape[1], b.shape[2]), "linalg.batch_matmul"
-        acc = self.fill(shape, out_dtype, 0)
-        if numel(shape) == 0 or a.shape[-1] == 0:
+            acc = self.fill(shape, out_dtype, 0)
+        if numel(shape) == 0 or k == 0:
             return acc
-        return self.emit(f"{op} ins({a.name}, {b.name} : {a.type}, {b.type}) outs({acc.name} : {acc.type}) "
-                         f"-> {acc.type}", shape, out_dtype)
+        if not trans_a and not trans_b:
+            op = "linalg.matmul" if a.rank == 2 else "linalg.batch_matmul"
+            self.body.kernels += 1
+            return self.emit(f"{op} ins({a.name}, {b.name} : {a.type}, {b.type}) outs({acc.name} : {acc.type}) "
+                             f"-> {acc.type}", shape, out_dtype)
+        nb = len(batch)
+        bd = [f"d{i}" for i in range(nb)]
+        dm, dn, dk = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
+        amap = affine_map(nb + 3, bd + ([dk, dm] if trans_a else [dm, dk]))
+        bmap = affine_map(nb + 3, bd + ([dn, dk] if trans_b else [dk, dn]))
+        cmap = affine_map(nb + 3, bd + [dm, dn])
+
+        def body(bb: BodyBuilder, args: list[Scalar]) -> Scalar:
+            x, y, c = args
+            return bb.add(c, bb.mul(bb.cast(x, out_dtype), bb.cast(y, out_dtype)))
+        return self.generic([a, b], [amap, bmap], acc, cmap, ["parallel"] * (nb + 2) + ["reduction"], body)
 
 
 def _py_dtype(x: Any) -> torch.dtype:

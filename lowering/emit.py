@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from neuron_compile.errors import (DynamicShapeError, LoweringError, NeuronCompileError, RuleDeclined,
                                    UnsupportedOp, UnsupportedOpsError)
@@ -28,7 +27,8 @@ from neuron_compile.lowering.ir import TensorValue, contiguous_strides, memref_t
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import fusion_kind, get_lowering, rule_file_for
-from neuron_compile.plan import CallPlan, HostOp, OutputSlot, TensorSpec
+from neuron_compile.lowering.outputs import live_nodes, plan_outputs, storage_of
+from neuron_compile.plan import CallPlan, HostOp, TensorSpec
 
 from neuron_compile.runtime import KERNEL_SYMBOL  # noqa: E402
 _EMPTY_FACTORIES = {torch.ops.aten.empty_like.default, torch.ops.aten.empty.memory_format,
@@ -43,10 +43,8 @@ class LoweredGraph:
     mlir: str
     plan: CallPlan
     op_count: int = 0
-
-
-def _is_dense(t: torch.Tensor) -> bool:
-    return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+    kernels: int = 0
+    bytes_avoided: int = 0
 
 
 def _static_spec(node: torch.fx.Node) -> TensorSpec:
@@ -56,10 +54,6 @@ def _static_spec(node: torch.fx.Node) -> TensorSpec:
     if any(not isinstance(s, int) for s in val.shape) or any(not isinstance(s, int) for s in val.stride()):
         raise DynamicShapeError(f"graph input '{node.name}'")
     return TensorSpec.of(val)
-
-
-def _storage(t: Any):
-    return StorageWeakRef(t.untyped_storage()) if isinstance(t, torch.Tensor) else None
 
 
 def graph_input_specs(gm: torch.fx.GraphModule) -> list[TensorSpec]:
@@ -95,14 +89,26 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
 
     for i, (n, spec) in enumerate(zip(placeholders, input_specs)):
         env[n] = bind_input(f"arg_in{i}", spec)
-    input_storage = {_storage(n.meta["val"]): i for i, n in enumerate(placeholders)}
 
     host_ops: list[HostOp] = []
     host_specs: list[TensorSpec] = []
     host_index: dict[torch.fx.Node, int] = {}
+    for node in graph.nodes:  # random ops run on the host, in graph order, whether used or not
+        if node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            host_ops.append(_host_op(node, placeholders))
+            val = node.meta["val"]
+            spec = TensorSpec(tuple(val.shape), val.dtype, contiguous_strides(tuple(val.shape)))
+            host_specs.append(spec)
+            host_index[node] = len(host_ops) - 1
+            env[node] = bind_input(f"arg_host{len(host_ops) - 1}", spec)
+    outputs = plan_outputs(gm, placeholders, host_index)
+    live = live_nodes(outputs.kernel_nodes)  # views of inputs and dead values are never lowered
+
     declines: list[UnsupportedOp] = []
     op_count = 0
     for node in graph.nodes:
+        if node not in live or node in env:
+            continue
         if node.op == "get_attr":
             env[node] = _constant(body, node, _fetch_attr(gm, node.target))
             continue
@@ -110,16 +116,10 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
             continue
         if node.target is operator.getitem:
             env[node] = env[node.args[0]][node.args[1]]
+            if not stays_lazy(node):
+                _materialized(LoweringContext(body, node, mlir_location(node)), env, node)
             continue
         op_count += 1
-        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
-            host_ops.append(_host_op(node, placeholders))
-            spec = TensorSpec(tuple(node.meta["val"].shape), node.meta["val"].dtype,
-                              contiguous_strides(tuple(node.meta["val"].shape)))
-            host_specs.append(spec)
-            host_index[node] = len(host_ops) - 1
-            env[node] = bind_input(f"arg_host{len(host_ops) - 1}", spec)
-            continue
         rule = get_lowering(node.target)
         ctx = LoweringContext(body, node, mlir_location(node))
         if rule is None:
@@ -132,8 +132,8 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
         kwargs = torch.fx.node.map_arg(node.kwargs, fetch)
         try:
             result = rule(ctx, *args, **kwargs)
-            if not stays_lazy(node):
-                result = _materialize_all(ctx, result)
+            if not isinstance(result, tuple) and not stays_lazy(node):
+                result = _materialize_all(ctx, result)  # tuple parts are decided at their getitem
             env[node] = result
         except RuleDeclined as declined:  # keep going so one error lists every unsupported op
             declines.append(UnsupportedOp(op_name(node), node.name, user_location(node),
@@ -144,65 +144,17 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
         except Exception as exc:  # a rule bug: report with the node, keep the cause
             raise LoweringError(f"lowering rule {rule.__name__} failed: {type(exc).__name__}: {exc}",
                                 op=op_name(node), node=node.name, location=user_location(node)) from exc
-
     if declines:
         raise UnsupportedOpsError(declines, graph_name)
-    out_node = next(n for n in graph.nodes if n.op == "output")
-    for o in out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]:
-        if isinstance(o, torch.fx.Node):
-            _materialized(LoweringContext(body, o, mlir_location(o)), env, o)
-    outs = out_node.args[0]
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    first_owner: dict[Any, torch.fx.Node] = {}
-    for n in graph.nodes:
-        st = _storage(n.meta.get("val"))
-        if st is not None and st not in first_owner and n.op != "output":
-            first_owner[st] = n
 
-    output_specs: list[TensorSpec] = []
-    kernel_index: dict[torch.fx.Node, int] = {}
-    stores: list[str] = []
-
-    def kernel_output(n: torch.fx.Node) -> int:
-        if n not in kernel_index:
-            val = n.meta["val"]
-            stride = tuple(val.stride()) if _is_dense(val) else contiguous_strides(tuple(val.shape))
-            spec = TensorSpec(tuple(val.shape), val.dtype, tuple(int(s) for s in stride))
-            kernel_index[n] = len(output_specs)
-            output_specs.append(spec)
-            v = env[n]
-            mt = memref_type(spec.shape, spec.dtype, spec.stride)
-            sigs_out.append(f"%arg_out{kernel_index[n]}: {mt}")
-            stores.append(f"    bufferization.materialize_in_destination {v.name} in restrict writable "
-                          f"%arg_out{kernel_index[n]} : ({v.type}, {mt}) -> ()")
-        return kernel_index[n]
-
-    sigs_out: list[str] = []
-    slots: list[OutputSlot] = []
-    for o in outs:
-        if not isinstance(o, torch.fx.Node):
-            slots.append(OutputSlot("const", value=o))
-            continue
-        val = o.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            raise NeuronCompileError(f"graph output {o.name} is not a tensor ({type(val).__name__})")
-        st = _storage(val)
-        owner = first_owner.get(st)
-        if st in input_storage:
-            i = input_storage[st]
-            if o.op == "placeholder":
-                slots.append(OutputSlot("input", index=i))
-            else:
-                slots.append(OutputSlot("view", base=("input", i), size=tuple(val.shape),
-                                        stride=tuple(val.stride()), offset=int(val.storage_offset())))
-        elif o in host_index:
-            slots.append(OutputSlot("host", index=host_index[o]))
-        elif owner is not None and owner is not o and owner.op != "placeholder":
-            base = ("host", host_index[owner]) if owner in host_index else ("kernel", kernel_output(owner))
-            slots.append(OutputSlot("view", base=base, size=tuple(val.shape), stride=tuple(val.stride()),
-                                    offset=int(val.storage_offset())))
-        else:
-            slots.append(OutputSlot("kernel", index=kernel_output(o)))
+    sigs_out, stores = [], []
+    for k, (n, spec) in enumerate(zip(outputs.kernel_nodes, outputs.kernel_specs)):
+        v = _materialized(LoweringContext(body, n, mlir_location(n)), env, n)
+        mt = memref_type(spec.shape, spec.dtype, spec.stride)
+        sigs_out.append(f"%arg_out{k}: {mt}")
+        stores.append(f"    bufferization.materialize_in_destination {v.name} in restrict writable "
+                      f"%arg_out{k} : ({v.type}, {mt}) -> ()")
+    output_specs, slots = outputs.kernel_specs, outputs.slots
 
     mlir = ""
     if output_specs:
@@ -211,7 +163,9 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
                  f"  func.func @{KERNEL_SYMBOL}({sig}) attributes {{llvm.emit_c_interface}} {{",
                  *prologue, *body.lines, *stores, "    return", "  }", "}"]
         mlir = "\n".join(lines) + "\n"
-    return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count)
+    avoided = sum(v.nbytes for v in env.values() if isinstance(v, LazyTensor))
+    return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count,
+                        body.kernels, avoided)
 
 
 LAZY_INPUT_KINDS = ("pointwise", "reduction")
@@ -225,7 +179,9 @@ def stays_lazy(node: torch.fx.Node) -> bool:
     if kernel is None:
         return False
     for u in node.users:
-        if u.op != "call_function" or u.meta.get(KERNEL) != kernel or fusion_kind(u.target) not in LAZY_INPUT_KINDS:
+        if u.op != "call_function" or u.meta.get(KERNEL) != kernel:
+            return False
+        if u.target is not operator.getitem and fusion_kind(u.target) not in LAZY_INPUT_KINDS:
             return False
     return True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import logging
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ from neuron_compile.cache_key import make_cache_key
 from neuron_compile.config import Config
 from neuron_compile.debug import Dumper
 from neuron_compile.executable import LLVM_MLIR, NATIVE, Build
-from neuron_compile.phases import LINALG_TO_LLVM, Phase
+from neuron_compile.phases import Phase, linalg_to_llvm
 from neuron_compile.runtime import Executable
 from neuron_compile.target import HostCPU
 from neuron_compile.toolchain import run_stage, tool
@@ -32,16 +33,11 @@ log = logging.getLogger("neuron_compile")
 _graph_ids = itertools.count()
 
 
-def default_passes(graph_name: str) -> list:
-    from neuron_compile.passes.dce import DeadCodeElimination
-    from neuron_compile.passes.verify_lowerable import VerifyLowerable
-    return [DeadCodeElimination(), VerifyLowerable(graph_name=graph_name)]
-
-
-def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, seconds: dict[str, float]
-                  ) -> torch.fx.GraphModule:
+def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, seconds: dict[str, float],
+                  pass_names: tuple[str, ...]) -> torch.fx.GraphModule:
     """``fx`` → ``fx-opt``: the pass pipeline with a callback that verifies, dumps and times."""
     from neuron_compile.passes.pipeline import Pipeline, verify_fx_contract
+    from neuron_compile.passes.registry import build_passes
 
     def callback(p, g, changed, secs):
         verify_fx_contract(g)
@@ -49,13 +45,13 @@ def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, sec
         if changed:
             dumper.fx(f"{Phase.FX.value}.{p.name}", g)
 
-    return Pipeline(default_passes(graph_name), callback).run(gm)
+    return Pipeline(build_passes(pass_names, graph_name), callback).run(gm)
 
 
-def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float) -> Path:
-    """``linalg`` → ``llvm``: run :data:`~neuron_compile.phases.LINALG_TO_LLVM` with ``mlir-opt``."""
+def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float, fuse: bool = True) -> Path:
+    """``linalg`` → ``llvm``: run :func:`~neuron_compile.phases.linalg_to_llvm` with ``mlir-opt``."""
     out = workdir / LLVM_MLIR
-    run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={LINALG_TO_LLVM}",
+    run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={linalg_to_llvm(fuse)}",
                                  "-o", str(out)], linalg_path, timeout)
     return out
 
@@ -65,21 +61,23 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     """Run every phase for ``gm`` (a cache miss); payload files land in ``workdir``."""
     from neuron_compile.lowering.emit import lower_graph
     build_seconds: dict[str, float] = {}
+    ops_in = sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
     dumper.fx(Phase.FX.value, gm)
     dumper.repro(gm)
-    gm = run_fx_passes(gm, name, dumper, build_seconds)
+    gm = run_fx_passes(gm, name, dumper, build_seconds, config.pass_names)
     dumper.fx(Phase.FX_OPT.value, gm)
+    dumper.partition(gm)
 
     t0 = time.perf_counter()
     lowered = lower_graph(gm, name)
     build_seconds[Phase.LINALG.value] = time.perf_counter() - t0
-    build = Build(name, lowered.plan, seconds=build_seconds, ops=lowered.op_count)
+    build = Build(name, lowered.plan, seconds=build_seconds, ops=ops_in)
     if lowered.mlir:
         linalg_path = workdir / "kernel.linalg.mlir"
         linalg_path.write_text(lowered.mlir)
         dumper.copy(Phase.LINALG.value, linalg_path)
         t0 = time.perf_counter()
-        llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout)
+        llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout, config.fuse)
         build_seconds[Phase.LLVM.value] = time.perf_counter() - t0
         dumper.copy(Phase.LLVM.value, llvm_path)
         t0 = time.perf_counter()
@@ -90,9 +88,15 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     counters.bump("graphs_compiled")
     for phase, secs in build_seconds.items():
         counters.add_seconds(phase, secs)
-    log.info("neuron-compile %s: %d ATen ops, %s", name, build.ops,
+    build.kernels = lowered.kernels
+    log.info("neuron-compile %s: %d ATen ops in, %d kernels out, %s of intermediates kept out of memory; %s",
+             name, build.ops, lowered.kernels, _human_bytes(lowered.bytes_avoided),
              ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in build_seconds.items()))
     return build
+
+
+def _human_bytes(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,6 +21,7 @@ _ENV = {
     "cache": "NEURON_CACHE",
     "cache_dir": "NEURON_CACHE_DIR",
     "cache_max_bytes": "NEURON_CACHE_MAX_BYTES",
+    "passes": "NEURON_PASSES",
 }
 
 
@@ -39,6 +40,8 @@ class Config:
             ``~/.cache/neuron-compile``).
         cache_max_bytes: disk bound of the cache, least-recently-used entries are evicted beyond it
             (``NEURON_CACHE_MAX_BYTES``, default 4 GiB).
+        passes: the FX pass pipeline (``NEURON_PASSES``): ``default``, a comma list of pass names, or
+            removals such as ``-fuse`` (see :mod:`neuron_compile.passes.registry`).
     """
 
     dump_dir: str | None = None
@@ -48,10 +51,20 @@ class Config:
     cache: bool = True
     cache_dir: str | None = None
     cache_max_bytes: int = 4 << 30
+    passes: str = "default"
+
+    @property
+    def pass_names(self) -> tuple[str, ...]:
+        from neuron_compile.passes.registry import parse_pass_spec
+        return parse_pass_spec(self.passes)
+
+    @property
+    def fuse(self) -> bool:
+        return "fuse" in self.pass_names
 
     def codegen_key(self) -> dict[str, Any]:
         """Fields that change generated code (part of the cache key); dumps and timeouts do not."""
-        return {"opt_level": self.opt_level}
+        return {"opt_level": self.opt_level, "passes": list(self.pass_names)}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,4 +116,5 @@ def resolve_config(options: Mapping[str, Any] | None = None,
     cfg = Config(**values)
     if not 0 <= cfg.opt_level <= 3:
         raise NeuronCompileError(f"opt_level must be 0..3, got {cfg.opt_level}")
+    cfg.pass_names  # noqa: B018  (validates the pass spec now, with a clear error)
     return cfg

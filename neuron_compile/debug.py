@@ -64,6 +64,16 @@ class Dumper:
         return self.write(phase, "txt", gm.print_readable(print_output=False, include_stride=True,
                                                          include_device=False))
 
+    def partition(self, gm: torch.fx.GraphModule) -> None:
+        """The kernel partition of the fusion pass, as text and as a Graphviz DOT picture."""
+        if self.dir is None:
+            return
+        from neuron_compile.passes.analysis import partition_dot, partition_text
+        kernel_of = {n: n.meta["neuron_kernel"] for n in gm.graph.nodes if "neuron_kernel" in n.meta}
+        if kernel_of:
+            self.write("partition", "txt", partition_text(gm, kernel_of))
+            self.write("partition", "dot", partition_dot(gm, kernel_of))
+
     def key(self, digest: str, explanation: str) -> None:
         if self.dir is not None:
             (self.dir / "key.txt").write_text(explanation + "\n")

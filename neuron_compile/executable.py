@@ -54,6 +54,7 @@ class Build:
     payloads: dict[str, Path] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     ops: int = 0
+    kernels: int = 0
 
 
 def write_executable(directory: Path, build: Build, key: CacheKey | None, target: Any) -> None:
@@ -84,6 +85,7 @@ def write_executable(directory: Path, build: Build, key: CacheKey | None, target
                      "neuron_compile": neuron_compile.__version__},
         "compile_seconds": build.seconds,
         "ops": build.ops,
+        "kernels": build.kernels,
         "payloads": hashes,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }

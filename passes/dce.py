@@ -14,9 +14,14 @@ def _impure(n: torch.fx.Node) -> bool:
     return n.is_impure() or torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
 
 
+def eliminate_dead_code(gm: torch.fx.GraphModule) -> bool:
+    """Remove unused pure nodes (random ops stay); True if anything was removed."""
+    return gm.graph.eliminate_dead_code(is_impure_node=_impure)
+
+
 @dataclass(frozen=True)
 class DeadCodeElimination:
     name: str = "dce"
 
     def run(self, gm: torch.fx.GraphModule) -> bool:
-        return gm.graph.eliminate_dead_code(is_impure_node=_impure)
+        return eliminate_dead_code(gm)

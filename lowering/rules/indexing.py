@@ -164,6 +164,7 @@ def lower_index_put(ctx: LoweringContext, x: TensorValue, indices, values: Tenso
     if n == 0:
         return x
     nm, lines, loc = ctx.body.namer, ctx.body.lines, ctx.loc
+    ctx.body.kernels += 1
     c0, c1, cn, i, acc, res = nm("c"), nm("c"), nm("c"), nm("i"), nm("acc"), nm("t")
     lines += [f"    {c0} = arith.constant 0 : index", f"    {c1} = arith.constant 1 : index",
               f"    {cn} = arith.constant {n} : index",

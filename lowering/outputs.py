@@ -1,0 +1,93 @@
+"""Planning a graph's outputs from FX metadata alone, before anything is lowered.
+
+An output that shares storage with a graph input is a view of it; one that shares storage with an
+earlier computed node (its *owner*) is a view of that node's buffer: both are rebuilt by the
+runtime with ``as_strided`` (AOTAutograd's aliasing contract) and not computed by the kernel.
+Every other output is a kernel output, written with eager's strides when those are dense.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from neuron_compile.errors import NeuronCompileError
+from neuron_compile.lowering.ir import contiguous_strides
+from neuron_compile.plan import OutputSlot, TensorSpec
+
+
+def storage_of(t: Any):
+    return StorageWeakRef(t.untyped_storage()) if isinstance(t, torch.Tensor) else None
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+
+
+@dataclass
+class OutputPlan:
+    slots: list[OutputSlot] = field(default_factory=list)
+    kernel_nodes: list[torch.fx.Node] = field(default_factory=list)   # in kernel-output order
+    kernel_specs: list[TensorSpec] = field(default_factory=list)
+
+
+def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
+                 host_index: dict[torch.fx.Node, int]) -> OutputPlan:
+    """Decide, for every graph output, how the runtime produces it (see :class:`OutputSlot`)."""
+    input_storage = {storage_of(n.meta["val"]): i for i, n in enumerate(placeholders)}
+    first_owner: dict[Any, torch.fx.Node] = {}
+    for n in gm.graph.nodes:
+        st = storage_of(n.meta.get("val"))
+        if st is not None and st not in first_owner and n.op != "output":
+            first_owner[st] = n
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = out_node.args[0]
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    plan = OutputPlan()
+    index: dict[torch.fx.Node, int] = {}
+
+    def kernel_output(n: torch.fx.Node) -> int:
+        if n not in index:
+            val = n.meta["val"]
+            stride = tuple(val.stride()) if _dense(val) else contiguous_strides(tuple(val.shape))
+            index[n] = len(plan.kernel_nodes)
+            plan.kernel_nodes.append(n)
+            plan.kernel_specs.append(TensorSpec(tuple(val.shape), val.dtype, tuple(int(s) for s in stride)))
+        return index[n]
+
+    for o in outs:
+        if not isinstance(o, torch.fx.Node):
+            plan.slots.append(OutputSlot("const", value=o))
+            continue
+        val = o.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise NeuronCompileError(f"graph output {o.name} is not a tensor ({type(val).__name__})")
+        st = storage_of(val)
+        owner = first_owner.get(st)
+        view = dict(size=tuple(val.shape), stride=tuple(val.stride()), offset=int(val.storage_offset()))
+        if st in input_storage:
+            i = input_storage[st]
+            plan.slots.append(OutputSlot("input", index=i) if o.op == "placeholder"
+                              else OutputSlot("view", base=("input", i), **view))
+        elif o in host_index:
+            plan.slots.append(OutputSlot("host", index=host_index[o]))
+        elif owner is not None and owner is not o and owner.op != "placeholder":
+            base = ("host", host_index[owner]) if owner in host_index else ("kernel", kernel_output(owner))
+            plan.slots.append(OutputSlot("view", base=base, **view))
+        else:
+            plan.slots.append(OutputSlot("kernel", index=kernel_output(o)))
+    return plan
+
+
+def live_nodes(roots: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """``roots`` and everything they are computed from."""
+    live: set[torch.fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in live:
+            live.add(n)
+            stack.extend(n.all_input_nodes)
+    return live

@@ -1,0 +1,47 @@
+"""``cse``: common-subexpression elimination of pure nodes (same target, same arguments).
+
+Random ops are never merged: two dropouts draw two masks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def _key(a: Any) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return ("node", a)
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, tuple(_key(x) for x in a))
+    if isinstance(a, dict):
+        return ("dict", tuple(sorted((k, _key(v)) for k, v in a.items())))
+    if isinstance(a, float):
+        return ("float", repr(a))  # keeps -0.0 and nan distinct and hashable
+    return (type(a).__name__, a)
+
+
+@dataclass(frozen=True)
+class CommonSubexpressionElimination:
+    name: str = "cse"
+
+    def run(self, gm: torch.fx.GraphModule) -> bool:
+        seen: dict[Any, torch.fx.Node] = {}
+        changed = False
+        for n in list(gm.graph.nodes):
+            if n.op != "call_function" or n.is_impure() or \
+                    torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
+                continue
+            try:
+                key = (n.target, _key(n.args), _key(n.kwargs))
+                hash(key)
+            except TypeError:
+                continue
+            if key in seen:
+                n.replace_all_uses_with(seen[key])
+                gm.graph.erase_node(n)
+                changed = True
+            else:
+                seen[key] = n
+        return changed

@@ -1,0 +1,98 @@
+"""``fuse``: partition the graph into kernels (written to ``node.meta['neuron_kernel']``).
+
+Rules, as in Inductor's scheduler, on the networkx dataflow graph (:mod:`passes.analysis`):
+
+1. *Matmul epilogue*: a chain of pointwise consumers of a ``mm``/``bmm``/``addmm`` with the matmul's
+   output shape, each the only user of the previous, joins the matmul's kernel.
+2. *Producer fusion* (walking the graph backwards): a pointwise node whose users all sit in one
+   kernel of pointwise or reduction ops joins it, so pointwise chains fuse and reductions get their
+   pointwise prologue. A node used by several kernels stays its own kernel (materialised once
+   instead of recomputed).
+
+A merge is refused if it would make the kernel graph cyclic or the kernel larger than
+``max_ops``. The lowering keeps every fused intermediate unmaterialised (a ``LazyTensor``), so a
+kernel becomes one ``linalg.generic`` (pointwise or reduction) or a matmul plus one epilogue generic.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+
+from neuron_compile.passes.analysis import dataflow_graph, kernel_graph, merge_creates_cycle
+
+KERNEL = "neuron_kernel"
+
+
+def _kind(n: torch.fx.Node) -> str:
+    from neuron_compile.lowering.registry import fusion_kind
+    if n.op == "call_function" and n.target is operator.getitem:
+        return "pointwise"  # picks one result of a multi-result op; fuses like a pointwise op
+    if n.op != "call_function" or torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
+        return "opaque"
+    return fusion_kind(n.target)
+
+
+def _shape(n: torch.fx.Node):
+    v = n.meta.get("val")
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else None
+
+
+@dataclass(frozen=True)
+class Fuse:
+    name: str = "fuse"
+    max_ops: int = 64
+
+    def run(self, gm: torch.fx.GraphModule) -> bool:
+        g = dataflow_graph(gm)
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        kind = {n: _kind(n) for n in nodes}
+        group = {n: {n} for n in nodes}      # node -> its kernel's member set (shared object)
+        outputs = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
+
+        def merge(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+            ga, gb = group[a], group[b]
+            if ga is gb:
+                return True
+            union = ga | gb
+            if len(union) > self.max_ops or merge_creates_cycle(g, union):
+                return False
+            for m in union:
+                group[m] = union
+            return True
+
+        for m in nodes:                       # 1. matmul epilogues
+            if kind[m] != "matmul":
+                continue
+            cur = m
+            while cur not in outputs and len(cur.users) == 1:
+                (u,) = cur.users
+                if u.op != "call_function" or kind[u] != "pointwise" or _shape(u) != _shape(m):
+                    break
+                if not merge(m, u):
+                    break
+                cur = u
+
+        for p in reversed(nodes):            # 2. producers into their consumers' kernel
+            if kind[p] != "pointwise" or p in outputs or len(group[p]) > 1:
+                continue
+            users = [u for u in p.users if u.op == "call_function"]
+            if not users or len(users) != len(p.users):
+                continue
+            if any(kind[u] not in ("pointwise", "reduction") for u in users):
+                continue
+            if len({id(group[u]) for u in users}) != 1:
+                continue
+            merge(users[0], p)
+
+        ids: dict[int, int] = {}
+        for n in nodes:
+            if kind[n] == "opaque" and len(group[n]) == 1:
+                n.meta.pop(KERNEL, None)
+                continue
+            n.meta[KERNEL] = ids.setdefault(id(group[n]), len(ids))
+        kernels = kernel_graph(g, {n: n.meta[KERNEL] for n in nodes if KERNEL in n.meta})
+        assert nx.is_directed_acyclic_graph(kernels), "fusion made the kernel graph cyclic"
+        return True
