@@ -169,7 +169,8 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
 
 
 LAZY_INPUT_KINDS = ("pointwise", "reduction")
-KERNEL = "neuron_kernel"  # node.meta key set by the fusion pass (passes/fuse.py)
+KERNEL = "neuron_kernel"  # node.meta keys set by the fusion pass (passes/fuse.py)
+INLINE = "neuron_inline"
 
 
 def stays_lazy(node: torch.fx.Node) -> bool:
@@ -178,8 +179,9 @@ def stays_lazy(node: torch.fx.Node) -> bool:
     kernel = node.meta.get(KERNEL)
     if kernel is None:
         return False
+    inline = node.meta.get(INLINE, False)  # recomputed in every consumer kernel
     for u in node.users:
-        if u.op != "call_function" or u.meta.get(KERNEL) != kernel:
+        if u.op != "call_function" or (u.meta.get(KERNEL) != kernel and not inline):
             return False
         if u.target is not operator.getitem and fusion_kind(u.target) not in LAZY_INPUT_KINDS:
             return False

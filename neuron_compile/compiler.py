@@ -86,6 +86,8 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
         dumper.copy(Phase.OBJ.value, workdir / "kernel.ll")
         build.payloads = {NATIVE: so, LLVM_MLIR: llvm_path}
     counters.bump("graphs_compiled")
+    counters.bump("aten_ops", ops_in)
+    counters.bump("kernels", lowered.kernels)
     for phase, secs in build_seconds.items():
         counters.add_seconds(phase, secs)
     build.kernels = lowered.kernels

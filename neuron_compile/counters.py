@@ -13,7 +13,7 @@ _lock = threading.Lock()
 _counts: Counter[str] = Counter()
 _seconds: defaultdict[str, float] = defaultdict(float)
 
-COUNTERS = ("graphs", "graphs_compiled", "memory_hits", "disk_hits", "misses", "quarantined", "evictions",
+COUNTERS = ("graphs", "graphs_compiled", "aten_ops", "kernels", "memory_hits", "disk_hits", "misses", "quarantined", "evictions",
             "cache_write_failures")
 
 
@@ -31,7 +31,8 @@ def add_seconds(phase: str, seconds: float) -> None:
 
 
 def metrics() -> dict[str, Any]:
-    """Counters (graphs: handed to the backend; graphs_compiled: actually compiled; memory_hits, disk_hits, misses, quarantined, evictions,
+    """Counters (graphs: handed to the backend; graphs_compiled: actually compiled; aten_ops and
+    kernels: ATen ops in and loop-nest kernels out of the graphs compiled; memory_hits, disk_hits, misses, quarantined, evictions,
     cache_write_failures) and ``seconds``: wall-clock seconds per compile phase, since the last
     :func:`reset_metrics`."""
     with _lock:

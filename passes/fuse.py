@@ -24,6 +24,7 @@ import torch
 from neuron_compile.passes.analysis import dataflow_graph, kernel_graph, merge_creates_cycle
 
 KERNEL = "neuron_kernel"
+INLINE = "neuron_inline"
 
 
 def _kind(n: torch.fx.Node) -> str:
@@ -44,11 +45,14 @@ def _shape(n: torch.fx.Node):
 class Fuse:
     name: str = "fuse"
     max_ops: int = 64
+    max_inline_users: int = 4
 
     def run(self, gm: torch.fx.GraphModule) -> bool:
         g = dataflow_graph(gm)
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
         kind = {n: _kind(n) for n in nodes}
+        for n in nodes:
+            n.meta.pop(INLINE, None)
         group = {n: {n} for n in nodes}      # node -> its kernel's member set (shared object)
         outputs = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
 
@@ -84,6 +88,8 @@ class Fuse:
             if any(kind[u] not in ("pointwise", "reduction") for u in users):
                 continue
             if len({id(group[u]) for u in users}) != 1:
+                if len({id(group[u]) for u in users}) <= self.max_inline_users:
+                    p.meta[INLINE] = True  # recomputed inside each consumer kernel, never stored
                 continue
             merge(users[0], p)
 

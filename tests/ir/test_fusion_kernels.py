@@ -1,0 +1,80 @@
+"""How many loop-nest kernels common patterns lower to after fusion, and that they stay correct.
+
+Chosen numbers (forward, inference):
+  GELU                 1  (one pointwise generic)
+  softmax              3  (amax | sum of exp(x - max) with the exp as prologue | exp(x - max) / sum)
+  layer_norm           3  (sum | sum of squares around the mean | normalise·scale·shift)
+  linear + bias + GELU 2  loop nests in ONE fused kernel: the matmul accumulating onto the bias, then
+                          the GELU epilogue (a second loop nest: no tiling yet to put both in one)
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_compile
+from neuron_compile.cache import clear_memory_cache
+from tests.conftest import neuron_compile as nc
+from tests.e2e.models import MLP, CausalSelfAttention
+from tests.ir.lower import lower
+
+CASES = {
+    "gelu": (lambda x: F.gelu(x), lambda: [torch.randn(16, 64)], 1),
+    "softmax": (lambda x: x.softmax(-1), lambda: [torch.randn(16, 64)], 3),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (64,), w, b), lambda: [torch.randn(16, 64), torch.randn(64),
+                                                                          torch.randn(64)], 3),
+    "linear_bias_gelu": (lambda x, w, b: F.gelu(F.linear(x, w, b)),
+                         lambda: [torch.randn(16, 32), torch.randn(64, 32), torch.randn(64)], 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pattern_lowers_to_the_expected_number_of_kernels(name):
+    fn, make, expected = CASES[name]
+    args = make()
+    gm, lowered = lower(fn, *args)
+    _, unfused = lower(fn, *args, passes="-fuse")
+    print(f"{name}: {lowered.kernels} kernels fused, {unfused.kernels} without fusion")
+    assert lowered.kernels == expected
+    assert unfused.kernels >= lowered.kernels
+    torch.testing.assert_close(nc(fn)(*args), fn(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_bias_gelu_is_one_fused_kernel():
+    fn, make, _ = CASES["linear_bias_gelu"]
+    gm, _ = lower(fn, *make())
+    kernels = {n.meta.get("neuron_kernel") for n in gm.graph.nodes if n.op == "call_function"}
+    assert len(kernels) == 1 and None not in kernels
+
+
+def _counted(model, x, passes):
+    torch._dynamo.reset()
+    clear_memory_cache()
+    neuron_compile.reset_metrics()
+    f = torch.compile(model, backend="neuron", dynamic=False, options={"cache": False, "passes": passes})
+    out = f(x)
+    out.sum().backward()
+    m = neuron_compile.metrics()
+    return out, m["aten_ops"], m["kernels"]
+
+
+@pytest.mark.parametrize("which", ["mlp", "attention"])
+def test_mlp_and_attention_fuse_to_at_most_half_as_many_kernels_as_aten_ops(which):
+    torch.manual_seed(0)
+    if which == "mlp":
+        model, x = MLP(32, 64, 10), torch.randn(16, 32)
+    else:
+        model, x = CausalSelfAttention(32, 4), torch.randn(2, 8, 32)
+    ref = copy.deepcopy(model)
+    out, ops, kernels = _counted(model, x, "default")
+    _, ops_off, kernels_off = _counted(copy.deepcopy(ref), x, "-fuse")
+    print(f"{which}: {ops} ATen ops -> {kernels} kernels fused ({kernels_off} without fusion)")
+    assert kernels * 2 <= ops and kernels < kernels_off
+    expected = ref(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for (name, p), pr in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, pr.grad, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
