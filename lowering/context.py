@@ -127,6 +127,11 @@ class LoweringContext:
     def generic(self, ins: Sequence[TensorValue], in_maps: Sequence[str], init: TensorValue,
                 out_map: str, iterators: Sequence[str], body: Callable[[BodyBuilder, list[Scalar]], Scalar],
                 kernel: bool = True) -> TensorValue:
+        """One ``linalg.generic`` with a single output (see :meth:`_generic`); float adds and
+        multiplies of a generic with ``reduction`` iterators may be reassociated."""
+        return self._generic(ins, in_maps, init, out_map, iterators, body, kernel)
+
+    def _generic(self, ins, in_maps, init, out_map, iterators, body, kernel) -> TensorValue:
         """One ``linalg.generic`` with a single output.
 
         ``body(b, [in scalars..., out scalar])`` returns the value to yield. ``init`` is the
@@ -138,7 +143,7 @@ class LoweringContext:
         args = [Scalar(self.body.namer("a"), v.dtype) for v in ins]
         acc = Scalar(self.body.namer("a"), init.dtype)
         region: list[str] = []
-        b = BodyBuilder(self.body.namer, region, loc=self.loc)
+        b = BodyBuilder(self.body.namer, region, loc=self.loc, reassociate="reduction" in iterators)
         result = b.to_storage(body(b, [b.from_storage(a.name, a.dtype) for a in args + [acc]]))
         maps = ", ".join(list(in_maps) + [out_map])
         its = ", ".join(f'"{t}"' for t in iterators)
@@ -322,14 +327,17 @@ class LoweringContext:
             acc = self.fill(shape, out_dtype, 0)
         if numel(shape) == 0 or k == 0:
             return acc
-        if not trans_a and not trans_b:
-            op = "linalg.matmul" if a.rank == 2 else "linalg.batch_matmul"
-            self.body.kernels += 1
-            return self.emit(f"{op} ins({a.name}, {b.name} : {a.type}, {b.type}) outs({acc.name} : {acc.type}) "
-                             f"-> {acc.type}", shape, out_dtype)
+        # A contraction generic whose loop order puts the contiguous dimension innermost: (m, k, n)
+        # when B is row-major (a vectorizable axpy over n), (m, n, k) when B is read transposed
+        # (a dot product over contiguous k). Loops lower in the order of the iteration dims.
         nb = len(batch)
         bd = [f"d{i}" for i in range(nb)]
-        dm, dn, dk = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
+        if trans_b:
+            dm, dn, dk = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
+            iters = ["parallel"] * (nb + 2) + ["reduction"]
+        else:
+            dm, dk, dn = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
+            iters = ["parallel"] * (nb + 1) + ["reduction", "parallel"]
         amap = affine_map(nb + 3, bd + ([dk, dm] if trans_a else [dm, dk]))
         bmap = affine_map(nb + 3, bd + ([dn, dk] if trans_b else [dk, dn]))
         cmap = affine_map(nb + 3, bd + [dm, dn])
@@ -337,7 +345,7 @@ class LoweringContext:
         def body(bb: BodyBuilder, args: list[Scalar]) -> Scalar:
             x, y, c = args
             return bb.add(c, bb.mul(bb.cast(x, out_dtype), bb.cast(y, out_dtype)))
-        return self.generic([a, b], [amap, bmap], acc, cmap, ["parallel"] * (nb + 2) + ["reduction"], body)
+        return self.generic([a, b], [amap, bmap], acc, cmap, iters, body)
 
 
 def _py_dtype(x: Any) -> torch.dtype:

@@ -81,7 +81,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     prologue: list[str] = []
 
     def bind_input(name: str, spec: TensorSpec) -> TensorValue:
-        sigs.append(f"%{name}: {memref_type(spec.shape, spec.dtype, spec.stride)}")
+        sigs.append(f"%{name}: {memref_type(spec.shape, spec.dtype, spec.stride)} {{llvm.noalias}}")
         t = body.namer("in")
         prologue.append(f"    {t} = bufferization.to_tensor %{name} restrict : "
                         f"{memref_type(spec.shape, spec.dtype, spec.stride)} to {tensor_type(spec.shape, spec.dtype)}")
@@ -151,7 +151,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     for k, (n, spec) in enumerate(zip(outputs.kernel_nodes, outputs.kernel_specs)):
         v = _materialized(LoweringContext(body, n, mlir_location(n)), env, n)
         mt = memref_type(spec.shape, spec.dtype, spec.stride)
-        sigs_out.append(f"%arg_out{k}: {mt}")
+        sigs_out.append(f"%arg_out{k}: {mt} {{llvm.noalias}}")
         stores.append(f"    bufferization.materialize_in_destination {v.name} in restrict writable "
                       f"%arg_out{k} : ({v.type}, {mt}) -> ()")
     output_specs, slots = outputs.kernel_specs, outputs.slots

@@ -114,12 +114,16 @@ class HostCPU:
         return f"{self.name}:{self.triple}:{self.cpu}:{self.features}"
 
     def codegen(self, llvm_mlir: Path, workdir: Path, opt_level: int, timeout: float) -> Path:
-        """LLVM-dialect MLIR → LLVM IR → object (``llc``) → shared object (``cc -shared``)."""
-        ll, obj, so = workdir / "kernel.ll", workdir / "kernel.o", workdir / "kernel.so"
+        """LLVM-dialect MLIR → LLVM IR → optimised LLVM IR (``opt -O<n>``: loop vectorizer, LICM, ...)
+        → object (``llc``) → shared object (``cc -shared``)."""
+        ll, opt_ll = workdir / "kernel.ll", workdir / "kernel.opt.ll"
+        obj, so = workdir / "kernel.o", workdir / "kernel.so"
+        cpu = [f"-mcpu={llc_host_cpu()}", f"-mtriple={self.triple}"]
         run_stage("obj", [tool("mlir-translate"), "--mlir-to-llvmir", str(llvm_mlir), "-o", str(ll)],
                   llvm_mlir, timeout)
-        run_stage("obj", [tool("llc"), f"-O{opt_level}", f"-mcpu={llc_host_cpu()}", f"-mtriple={self.triple}",
-                          "--relocation-model=pic", "-filetype=obj", str(ll), "-o", str(obj)], ll, timeout)
+        run_stage("obj", [tool("opt"), f"-O{opt_level}", *cpu, "-S", str(ll), "-o", str(opt_ll)], ll, timeout)
+        run_stage("obj", [tool("llc"), f"-O{opt_level}", *cpu, "--relocation-model=pic", "-filetype=obj",
+                          str(opt_ll), "-o", str(obj)], opt_ll, timeout)
         run_stage("obj", [tool("cc"), "-shared", "-o", str(so), str(obj), str(_runtime_object()), "-lm"],
                   obj, timeout)
         return so

@@ -25,6 +25,11 @@ from neuron_compile.passes.analysis import dataflow_graph, kernel_graph, merge_c
 
 KERNEL = "neuron_kernel"
 INLINE = "neuron_inline"
+_aten = torch.ops.aten
+# computed by library calls (not vectorized; float32 exp and erf are inline polynomials and cheap):
+# never recomputed in several kernels
+EXPENSIVE = {_aten.log.default, _aten.tanh.default, _aten.pow.Tensor_Tensor, _aten.sin.default,
+             _aten.cos.default, _aten.log1p.default, _aten.expm1.default}
 
 
 def _kind(n: torch.fx.Node) -> str:
@@ -88,7 +93,7 @@ class Fuse:
             if any(kind[u] not in ("pointwise", "reduction") for u in users):
                 continue
             if len({id(group[u]) for u in users}) != 1:
-                if len({id(group[u]) for u in users}) <= self.max_inline_users:
+                if len({id(group[u]) for u in users}) <= self.max_inline_users and p.target not in EXPENSIVE:
                     p.meta[INLINE] = True  # recomputed inside each consumer kernel, never stored
                 continue
             merge(users[0], p)

@@ -213,6 +213,8 @@ def _unary(opname: str):
         _, dtype = ctx.out_spec()
         if not dtype.is_floating_point:  # floor/ceil/round/trunc of integers are identities
             return _pointwise(ctx, lambda s, x: x, a)
+        if opname in ("math.exp", "math.erf"):  # inline float32 forms live in the builder
+            return _pointwise(ctx, lambda s, x: getattr(s, opname[5:])(x), a)
         return _pointwise(ctx, lambda s, x: s.unary(opname, x), a)
     rule.__name__ = f"lower_{opname.split('.')[1]}"
     return rule

@@ -70,3 +70,11 @@ def test_embedding_forward_backward():
     (out * w).sum().backward()
     torch.testing.assert_close(out.double(), ref(idx), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(emb.weight.grad.double(), ref.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", [torch.exp, torch.erf, torch.sigmoid])
+def test_inline_float32_math_matches_eager_over_its_whole_range(op):
+    x = torch.cat([torch.linspace(-100, 100, 20001), torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0,
+                                                                   -0.0, 88.7228, -87.3365, 1e-30, -1e-30])])
+    got, exp = neuron_compile(op)(x), op(x)
+    torch.testing.assert_close(got, exp, rtol=3e-7 if op is torch.exp else 1e-6, atol=1e-37, equal_nan=True)

@@ -50,6 +50,16 @@ def test_every_op_carries_the_fx_node_location():
     assert checked > 5
 
 
-def test_matmul_is_a_linalg_matmul_into_a_zero_fill():
+def test_matmul_is_a_contraction_with_the_contiguous_dim_innermost():
     ir = _mlir(lambda a, b: a @ b, torch.randn(3, 4), torch.randn(4, 5))
-    assert "linalg.matmul" in ir and "linalg.fill" in ir
+    # loops (m, k, n): n innermost reads B and C contiguously (vectorizable), into a zero fill
+    assert 'iterator_types = ["parallel", "reduction", "parallel"]' in ir and "linalg.fill" in ir
+    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in ir  # B[k, n]
+    assert "fastmath<reassoc,contract>" in ir
+
+
+def test_float32_exp_is_inline_and_vectorizable_not_a_libm_call():
+    ir = _mlir(lambda a: a.exp(), torch.randn(8))
+    assert "math.exp" not in ir and "arith.bitcast" in ir
+    ir64 = _mlir(lambda a: a.exp(), torch.randn(8, dtype=torch.float64))
+    assert "math.exp" in ir64
