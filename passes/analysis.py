@@ -12,6 +12,17 @@ import networkx as nx
 import torch
 
 
+def graph_outputs(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The nodes the graph returns."""
+    return set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
+
+
+def replace_node(gm: torch.fx.GraphModule, old: torch.fx.Node, new: torch.fx.Node) -> None:
+    """Point every user of ``old`` at ``new`` and erase ``old``."""
+    old.replace_all_uses_with(new)
+    gm.graph.erase_node(old)
+
+
 def dataflow_graph(gm: torch.fx.GraphModule) -> nx.DiGraph:
     """Vertices: FX nodes (except the output node); edges: producer → user."""
     g = nx.DiGraph()

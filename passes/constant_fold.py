@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from neuron_compile.passes.analysis import replace_node
+
 from neuron_compile.passes.dce import eliminate_dead_code
 
 _ids = itertools.count()
@@ -57,8 +59,7 @@ class ConstantFold:
             with gm.graph.inserting_before(n):
                 const = gm.graph.get_attr(name)
             const.meta.update(n.meta)
-            n.replace_all_uses_with(const)
-            gm.graph.erase_node(n)
+            replace_node(gm, n, const)
             values[const] = values.pop(n)
             changed = True
         if changed:

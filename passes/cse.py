@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from neuron_compile.passes.analysis import replace_node
+
 
 def _key(a: Any) -> Any:
     if isinstance(a, torch.fx.Node):
@@ -39,8 +41,7 @@ class CommonSubexpressionElimination:
             except TypeError:
                 continue
             if key in seen:
-                n.replace_all_uses_with(seen[key])
-                gm.graph.erase_node(n)
+                replace_node(gm, n, seen[key])
                 changed = True
             else:
                 seen[key] = n

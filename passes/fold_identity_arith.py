@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from neuron_compile.passes.analysis import graph_outputs, replace_node
+
 aten = torch.ops.aten
 _IDENTITY = {
     aten.mul.Tensor: 1, aten.mul.Scalar: 1, aten.div.Tensor: 1, aten.div.Scalar: 1,
@@ -22,7 +24,7 @@ class FoldIdentityArith:
     name: str = "fold-identity-arith"
 
     def run(self, gm: torch.fx.GraphModule) -> bool:
-        outputs = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
+        outputs = graph_outputs(gm)
         changed = False
         for n in list(gm.graph.nodes):
             if n.op != "call_function" or n.target not in _IDENTITY or len(n.args) < 2:
@@ -37,7 +39,6 @@ class FoldIdentityArith:
                 continue
             if n in outputs and x.op == "placeholder":
                 continue
-            n.replace_all_uses_with(x)
-            gm.graph.erase_node(n)
+            replace_node(gm, n, x)
             changed = True
         return changed

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from neuron_compile.passes.analysis import graph_outputs, replace_node
+
 from neuron_compile.passes.dce import eliminate_dead_code
 
 aten = torch.ops.aten
@@ -46,7 +48,7 @@ class FoldViews:
     name: str = "fold-views"
 
     def run(self, gm: torch.fx.GraphModule) -> bool:
-        outputs = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
+        outputs = graph_outputs(gm)
         changed = False
         for n in list(gm.graph.nodes):
             if n.op != "call_function" or not n.args or not isinstance(n.args[0], torch.fx.Node) \
@@ -74,8 +76,7 @@ class FoldViews:
                 continue
             if n in outputs and replacement.op == "placeholder":
                 continue
-            n.replace_all_uses_with(replacement)
-            gm.graph.erase_node(n)
+            replace_node(gm, n, replacement)
             changed = True
         if changed:
             eliminate_dead_code(gm)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import networkx as nx
 import torch
 
-from neuron_compile.passes.analysis import dataflow_graph, kernel_graph, merge_creates_cycle
+from neuron_compile.passes.analysis import graph_outputs, dataflow_graph, kernel_graph, merge_creates_cycle
 
 KERNEL = "neuron_kernel"
 INLINE = "neuron_inline"
@@ -59,7 +59,7 @@ class Fuse:
         for n in nodes:
             n.meta.pop(INLINE, None)
         group = {n: {n} for n in nodes}      # node -> its kernel's member set (shared object)
-        outputs = set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
+        outputs = graph_outputs(gm)
 
         def merge(a: torch.fx.Node, b: torch.fx.Node) -> bool:
             ga, gb = group[a], group[b]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from neuron_compile.passes.analysis import replace_node
+
 from neuron_compile.passes.dce import eliminate_dead_code
 
 from neuron_compile.passes.fold_views import permutation
@@ -58,8 +60,7 @@ class FoldTransposeIntoMatmul:
             if fake_mode is not None:
                 with fake_mode:
                     new.meta["val"] = torch.ops.neuron.matmul.default(*vals)
-            n.replace_all_uses_with(new)
-            gm.graph.erase_node(n)
+            replace_node(gm, n, new)
             changed = True
         if changed:
             eliminate_dead_code(gm)
