@@ -360,7 +360,7 @@ def result_dtype(a: Any, b: Any) -> torch.dtype:
     """torch's type promotion of two operands (tensor values or Python scalars), as
     ``torch.result_type``: 0-d tensors and scalars only promote across categories."""
     def proxy(o: Any) -> Any:
-        if isinstance(o, TensorValue):
+        if isinstance(o, (TensorValue, LazyTensor)):
             return torch.empty((1,) if o.rank else (), dtype=o.dtype)
         return o
     pa, pb = proxy(a), proxy(b)

@@ -72,9 +72,13 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
         DynamicShapeError: a symbolic size. UnsupportedOpsError: listing every node with no rule or
         whose rule declined its case. LoweringError: a rule failed (a bug).
     """
+    from neuron_compile.passes.verify_lowerable import unsupported_ops
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     input_specs = [_static_spec(n) for n in placeholders]
+    bad_dtypes = [u for u in unsupported_ops(gm) if u.reason.startswith("dtype")]
+    if bad_dtypes:
+        raise UnsupportedOpsError(bad_dtypes, graph_name)
     body = FunctionBody()
     env: dict[torch.fx.Node, Any] = {}
     sigs: list[str] = []
@@ -146,7 +150,6 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
                                 op=op_name(node), node=node.name, location=user_location(node)) from exc
     if declines:
         raise UnsupportedOpsError(declines, graph_name)
-
     sigs_out, stores = [], []
     for k, (n, spec) in enumerate(zip(outputs.kernel_nodes, outputs.kernel_specs)):
         v = _materialized(LoweringContext(body, n, mlir_location(n)), env, n)

@@ -28,6 +28,10 @@ _ELEMENT_TYPES = {
 UNSIGNED = frozenset({torch.uint8, torch.bool})
 
 
+def supported_dtype(dtype: torch.dtype) -> bool:
+    return dtype in _ELEMENT_TYPES
+
+
 def element_type(dtype: torch.dtype) -> str:
     """MLIR element type of a torch dtype (signedness is carried by the ops, as in MLIR's arith)."""
     try:

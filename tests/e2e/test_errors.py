@@ -141,3 +141,16 @@ def test_mode_argument_is_ignored_with_a_warning():
     with pytest.warns(RuntimeWarning, match="mode='max-autotune' has no meaning"):
         out = torch.compile(lambda x: x + 1, backend="neuron", mode="max-autotune", dynamic=False)(torch.ones(2))
     torch.testing.assert_close(out, torch.full((2,), 2.0))
+
+
+def test_unsupported_dtype_is_a_clean_refusal():
+    x = torch.randn(3, 2)
+    err = _unsupported_error(lambda t: torch.view_as_complex(t) * 2, x)
+    assert any("complex64" in u.reason for u in err.ops)
+
+
+def test_ops_only_producing_views_of_inputs_need_no_rule():
+    x = torch.randn(6, 4)
+    outs = nc(lambda t: t.chunk(3))(x)
+    for got, exp in zip(outs, x.chunk(3)):
+        torch.testing.assert_close(got, exp)

@@ -78,3 +78,11 @@ def test_inline_float32_math_matches_eager_over_its_whole_range(op):
                                                                    -0.0, 88.7228, -87.3365, 1e-30, -1e-30])])
     got, exp = neuron_compile(op)(x), op(x)
     torch.testing.assert_close(got, exp, rtol=3e-7 if op is torch.exp else 1e-6, atol=1e-37, equal_nan=True)
+
+
+def test_comparisons_of_fused_values_promote_like_eager():
+    def f(x, y):
+        return torch.isclose(x * 2, y) & ((x + 1) != 0.5), torch.logaddexp(x, y)
+    x, y = torch.randn(5), torch.randn(5)
+    for got, exp in zip(neuron_compile(f)(x, y), f(x, y)):
+        torch.testing.assert_close(got, exp)
