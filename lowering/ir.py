@@ -75,7 +75,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
     """Raw little-endian bytes of ``t`` in row-major order (bool as one byte per element)."""
-    flat = t.detach().contiguous().cpu().reshape(-1)
+    flat = t.detach().cpu().reshape(-1).clone(memory_format=torch.contiguous_format)  # real, unit-stride storage
     flat = flat.to(torch.uint8) if flat.dtype == torch.bool else flat
     return flat.view(torch.uint8).numpy().tobytes()
 

@@ -53,7 +53,9 @@ def lower_embedding(ctx: LoweringContext, weight: TensorValue, indices: TensorVa
 def lower_gather(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, *, sparse_grad=False
                  ) -> TensorValue:
     out_shape, _ = ctx.out_spec()
-    dim = dim % max(x.rank, 1)
+    if x.rank == 0:
+        return ctx.reshape(x, out_shape)
+    dim = dim % x.rank
 
     def coords(b: BodyBuilder, idx):
         return [(_safe_index(b, idx[0], x.shape[d]) if d == dim else b.index(d)) for d in range(x.rank)]
@@ -63,6 +65,8 @@ def lower_gather(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorVa
 @register_lowering(aten.index_select.default)
 def lower_index_select(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
     out_shape, _ = ctx.out_spec()
+    if x.rank == 0:  # a 0-d tensor has one element: the (only valid) index 0 selects it
+        return ctx.reshape(x, out_shape)
     dim = dim % max(x.rank, 1)
 
     def coords(b: BodyBuilder, idx):

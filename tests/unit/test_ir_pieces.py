@@ -35,3 +35,10 @@ def test_locations_point_at_the_user_frame_not_torch():
     n.meta["stack_trace"] = ""
     assert user_location(n) == "<unknown location>"
     assert mlir_location(n) == 'loc("aten.relu.default relu_default")'
+
+
+def test_tensor_bytes_of_expanded_and_0d_constants():
+    from neuron_compile.lowering.ir import tensor_bytes
+    assert tensor_bytes(torch.tensor(1.5)) == struct.pack("<f", 1.5)
+    assert tensor_bytes(torch.tensor([2.0]).expand(3)) == struct.pack("<3f", 2.0, 2.0, 2.0)
+    assert tensor_bytes(torch.tensor([True, False])) == b"\x01\x00"
