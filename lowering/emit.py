@@ -136,7 +136,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
         kwargs = torch.fx.node.map_arg(node.kwargs, fetch)
         try:
             result = rule(ctx, *args, **kwargs)
-            if not isinstance(result, tuple) and not stays_lazy(node):
+            if not isinstance(result, tuple) and not stays_lazy(node) and not _cheap_to_recompute(node, result):
                 result = _materialize_all(ctx, result)  # tuple parts are decided at their getitem
             env[node] = result
         except RuleDeclined as declined:  # keep going so one error lists every unsupported op
@@ -189,6 +189,18 @@ def stays_lazy(node: torch.fx.Node) -> bool:
         if u.target is not operator.getitem and fusion_kind(u.target) not in LAZY_INPUT_KINDS:
             return False
     return True
+
+
+CHEAP_OPS = 2  # a cast or a scale of a stored value: recomputed by each consumer instead of stored
+
+
+def _cheap_to_recompute(node: torch.fx.Node, v: Any) -> bool:
+    """A reduction's float64 accumulator cast back to float32 (or divided by N for a mean) is read by
+    its consumers directly; storing it would cost a whole extra loop."""
+    if not isinstance(v, LazyTensor) or v.ops > CHEAP_OPS or node.meta.get(KERNEL) is None:
+        return False
+    return all(u.op == "call_function" and u.target is not operator.getitem
+               and fusion_kind(u.target) in LAZY_INPUT_KINDS and u.meta.get(KERNEL) is not None for u in node.users)
 
 
 def _materialize_all(ctx: LoweringContext, v: Any) -> Any:

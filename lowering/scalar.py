@@ -99,18 +99,42 @@ class ScalarBuilder:
             return self._emit(f"arith.andi {a.name}, {b.name} : i1", torch.bool)
         return self._bin("arith.mulf", "arith.muli", a, b)
 
+    def _safe_int_divisor(self, a: Scalar, b: Scalar) -> tuple[Scalar, Scalar]:
+        """(divisor that cannot trap, "b is -1" flag). x86 integer division traps (SIGFPE, killing the
+        process) on b == 0 and on INT_MIN / -1; eager raises or wraps there. Here b == 0 divides by 1
+        (the result is then meaningless: eager would raise ZeroDivisionError) and b == -1 is negation."""
+        zero, one = self.const(0, b.dtype), self.const(1, b.dtype)
+        if b.dtype in UNSIGNED:
+            return self.select(self.cmp("eq", b, zero), one, b), self.const(False, torch.bool)
+        minus_one = self.const(-1, b.dtype)
+        is_m1 = self.cmp("eq", b, minus_one)
+        unsafe = self.logical_or(self.cmp("eq", b, zero), is_m1)
+        return self.select(unsafe, one, b), is_m1
+
     def div(self, a: Scalar, b: Scalar) -> Scalar:
         """True division on floats; on integers truncating division (``rounding_mode='trunc'``)."""
-        return self._bin("arith.divf", "arith.divsi", a, b, uop="arith.divui")
+        if a.dtype.is_floating_point:
+            return self._bin("arith.divf", None, a, b)
+        safe, is_m1 = self._safe_int_divisor(a, b)
+        q = self._bin("", "arith.divsi", a, safe, uop="arith.divui")
+        return q if a.dtype in UNSIGNED else self.select(is_m1, self.neg(a), q)
 
     def floordiv(self, a: Scalar, b: Scalar) -> Scalar:
         if a.dtype.is_floating_point:
             return self.unary("math.floor", self.div(a, b))
-        return self._bin("", "arith.floordivsi", a, b, uop="arith.divui")
+        safe, is_m1 = self._safe_int_divisor(a, b)
+        q = self._bin("", "arith.floordivsi", a, safe, uop="arith.divui")
+        return q if a.dtype in UNSIGNED else self.select(is_m1, self.neg(a), q)
 
     def rem(self, a: Scalar, b: Scalar) -> Scalar:
         """``torch.remainder``: result has the sign of the divisor (Python ``%``)."""
-        r = self._bin("arith.remf", "arith.remsi", a, b, uop="arith.remui")
+        if a.dtype.is_floating_point:
+            r = self._bin("arith.remf", None, a, b)
+        else:
+            safe, is_m1 = self._safe_int_divisor(a, b)
+            r = self._bin("", "arith.remsi", a, safe, uop="arith.remui")
+            if a.dtype not in UNSIGNED:
+                r = self.select(is_m1, self.const(0, a.dtype), r)
         if a.dtype in UNSIGNED:
             return r
         zero = self.const(0, a.dtype)
@@ -214,6 +238,29 @@ class ScalarBuilder:
 
     def log(self, a: Scalar) -> Scalar:
         return self.unary("math.log", a)
+
+    def log1p(self, a: Scalar) -> Scalar:
+        """``log(1 + x)`` accurate for small x (Goldberg, *What every computer scientist should know
+        about floating-point arithmetic*, 1991, thm. 4): u = 1 + x; x·log(u)/(u - 1), or x if u == 1."""
+        with self._exact():
+            one = self.const(1.0, a.dtype)
+            u = self.add(one, a)
+            um1 = self.sub(u, one)
+            exact = self.div(self.mul(a, self.log(u)), um1)
+            big = self.cmp("eq", u, self.const(float("inf"), a.dtype))
+            r = self.select(self.cmp("eq", u, one), a, exact)
+            return self.select(big, u, r)
+
+    def expm1(self, a: Scalar) -> Scalar:
+        """``exp(x) - 1`` accurate for small x (Kahan's trick): u = exp(x); (u - 1)·x/log(u), x if u == 1."""
+        with self._exact():
+            one = self.const(1.0, a.dtype)
+            u = self.exp(a)
+            um1 = self.sub(u, one)
+            r = self.div(self.mul(um1, a), self.log(u))
+            r = self.select(self.cmp("eq", u, one), a, r)
+            r = self.select(self.cmp("eq", um1, self.const(-1.0, a.dtype)), um1, r)
+            return self.select(self.cmp("eq", u, self.const(float("inf"), a.dtype)), u, r)
 
     def sqrt(self, a: Scalar) -> Scalar:
         return self.unary("math.sqrt", a)

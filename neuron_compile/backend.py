@@ -52,11 +52,12 @@ def _check_static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> No
             label = label() if callable(label) else label
             label = label or (node.name if node is not None else f"#{i}")
             raise DynamicShapeError(
-                f"input {label} (with torch.compile's default dynamic=None, Dynamo makes a dimension symbolic "
-                "once it has seen a second size)")
+                f"input {label} (dynamic=True, mark_dynamic, or torch.compile's default dynamic=None after a "
+                "second size make dimensions symbolic)")
 
 
 def _boxed(fn: Callable[[list], list]) -> Callable[[list], list]:
+    @torch._disable_dynamo
     def run(args: list) -> list:
         try:
             return fn(args)
@@ -94,6 +95,7 @@ class NeuronBackend:
         _check_static(gm, example_inputs)
 
         def compiler(kind: str):
+            @torch._disable_dynamo  # a backward compiled inside a traced region must not be traced
             def compile_one(graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Callable:
                 # AOTAutograd calls us with its FakeTensorMode active; constants are real tensors.
                 with unset_fake_temporarily():

@@ -61,10 +61,10 @@ def unsafe_reason(root: Path) -> str | None:
     except FileNotFoundError:
         return None
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return (f"it is writable by other users (mode {stat.filemode(st.st_mode)}); entries are native code "
+        return (f"{root} is writable by other users (mode {stat.filemode(st.st_mode)}); entries are native code "
                 f"this process would run. Fix with: chmod go-w {root}")
     if hasattr(os, "geteuid") and st.st_uid not in (os.geteuid(), 0):
-        return f"it is owned by another user (uid {st.st_uid})"
+        return f"{root} is owned by another user (uid {st.st_uid})"
     return None
 
 
@@ -117,8 +117,12 @@ class ArtifactCache:
         d = self.entry_dir(digest)
         if not (d / MANIFEST).is_file():
             return None
+        unsafe = next((r for p in (self.base, d.parent, d, *d.iterdir()) if (r := unsafe_reason(p))), None)
+        if unsafe:
+            self.quarantine(d, f"part of it is unsafe to load: {unsafe}")
+            return None
         try:
-            exe = load_executable(d)
+            exe = load_executable(d, expect_key=digest)
         except ExecutableError as exc:
             self.quarantine(d, str(exc))
             return None
@@ -185,6 +189,28 @@ class ArtifactCache:
     def total_bytes(self) -> int:
         return sum(e.bytes for e in self.entries())
 
+    def quarantined(self) -> list[Path]:
+        q = self.root / "quarantine"
+        return sorted(q.iterdir()) if q.is_dir() else []
+
+    def clear_side_dirs(self) -> int:
+        """Remove quarantined entries, unused lock files and temp dirs; returns how many were removed."""
+        removed = 0
+        for p in self.quarantined():
+            shutil.rmtree(p, ignore_errors=True)
+            removed += 1
+        live = {e.key for e in self.entries()}
+        for lock in (self.base / "locks").glob("*.lock") if (self.base / "locks").is_dir() else []:
+            if lock.stem not in live:
+                try:
+                    with FileLock(str(lock), timeout=0):
+                        lock.unlink()
+                except (Timeout, OSError):
+                    continue
+        for t in (self.base / "tmp").iterdir() if (self.base / "tmp").is_dir() else []:
+            shutil.rmtree(t, ignore_errors=True)
+        return removed
+
     def remove(self, e: EntryInfo) -> bool:
         """Delete one entry unless another process holds its lock; True if removed."""
         try:
@@ -248,7 +274,7 @@ class ArtifactCache:
                     counters.bump("misses")
                     build = compile_fn()
                     final = self.store(digest, build, key, target)
-                    exe = load_executable(final) if final is not None else build_to_executable(build)
+                    exe = (self.load(digest) if final is not None else None) or build_to_executable(build)
             finally:
                 if lock is not None:
                     lock.release()

@@ -43,10 +43,12 @@ def cmd_info(args: argparse.Namespace) -> int:
     cache = _cache(args)
     entries = list(cache.entries()) if cache.usable else []
     total = sum(e.bytes for e in entries)
+    quarantined = cache.quarantined() if cache.usable else []
     data = {"root": str(cache.root), "usable": cache.usable, "writable": cache.writable, "entries": len(entries),
-            "bytes": total, "max_bytes": cache.max_bytes}
+            "bytes": total, "max_bytes": cache.max_bytes, "quarantined": len(quarantined)}
     _emit(args, data, f"cache root   {cache.root}\nusable       {cache.usable}\nentries      {len(entries)}\n"
-                      f"size         {_human(total)} of {_human(cache.max_bytes)}")
+                      f"size         {_human(total)} of {_human(cache.max_bytes)}\n"
+                      f"quarantined  {len(quarantined)}")
     return 0
 
 
@@ -64,11 +66,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     cache = _cache(args)
     rows = []
     for e in cache.entries():
-        rows.append({"key": e.key, "bytes": e.bytes, "last_used": datetime.datetime.fromtimestamp(e.last_used)
-                     .isoformat(timespec="seconds"), **_manifest_summary(e.path)})
-    lines = [f"{'key':<16} {'size':>10} {'last used':<20} {'ops':>5} {'compile s':>9}  graph"]
+        used = datetime.datetime.fromtimestamp(e.last_used, datetime.timezone.utc).isoformat(timespec="seconds")
+        rows.append({"key": e.key, "bytes": e.bytes, "last_used": used, **_manifest_summary(e.path)})
+    lines = [f"{'key':<16} {'size':>10} {'last used (UTC)':<25} {'ops':>5} {'compile s':>9}  graph"]
     for r in rows:
-        lines.append(f"{r['key'][:16]} {_human(r['bytes']):>10} {r['last_used']:<20} {r.get('ops') or '-':>5} "
+        lines.append(f"{r['key'][:16]} {_human(r['bytes']):>10} {r['last_used']:<25} {r.get('ops') or '-':>5} "
                      f"{r.get('compile_seconds', '-'):>9}  {r.get('name') or r.get('error')}")
     _emit(args, rows, "\n".join(lines))
     return 0
@@ -105,11 +107,10 @@ def cmd_clear(args: argparse.Namespace) -> int:
             removed += 1
         else:
             kept += 1
-    if cutoff is None and (cache.base / "tmp").is_dir():
-        for t in (cache.base / "tmp").iterdir():
-            shutil.rmtree(t, ignore_errors=True)
-    _emit(args, {"removed": removed, "locked": kept},
-          f"removed {removed} entries" + (f", {kept} in use by other processes kept" if kept else ""))
+    side = cache.clear_side_dirs() if cutoff is None and cache.usable else 0
+    _emit(args, {"removed": removed, "locked": kept, "quarantined_removed": side},
+          f"removed {removed} entries" + (f" and {side} quarantined" if side else "")
+          + (f", {kept} in use by other processes kept" if kept else ""))
     return 0
 
 
@@ -124,19 +125,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print("neuron-compile compile: supported today: --from linalg --emit llvm|obj "
               "(FX phases run inside torch.compile)", file=sys.stderr)
         return 2
-    work = Path(args.output).parent if args.output else src.parent
-    work.mkdir(parents=True, exist_ok=True)
+    import tempfile
+    work = Path(tempfile.mkdtemp(prefix="neuron-cli-"))
     try:
         out = mlir_to_llvm(src, work, timeout=600)
         if stop is Phase.OBJ:
-            out = HostCPU.detect().codegen(out, work, 3, 600)
+            HostCPU.detect().codegen(out, work, 3, 600)
+            out = work / "kernel.o"  # the relocatable object (kernel.so is what the runtime loads)
     except NeuronCompileError as exc:
         print(exc, file=sys.stderr)
         return 1
-    if args.output and Path(args.output) != out:
-        shutil.move(out, args.output)
-        out = Path(args.output)
-    print(out)
+    dest = Path(args.output) if args.output else src.with_suffix(".llvm.mlir" if stop is Phase.LLVM else ".o")
+    shutil.move(out, dest)
+    shutil.rmtree(work, ignore_errors=True)
+    print(dest)
     return 0
 
 

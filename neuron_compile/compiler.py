@@ -156,6 +156,10 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
         elif config.keep_tmp:
             for w in workdirs:
                 log.warning("neuron-compile %s: work files kept in %s (NEURON_KEEP_TMP)", name, w)
+        else:  # failed: keep what a reproduce command points at, drop directories left empty
+            for w in workdirs:
+                if w.is_dir() and not any(w.iterdir()):
+                    w.rmdir()
     counters.add_seconds("total", time.perf_counter() - t0)
     exe.cache_key = key
     return exe

@@ -116,5 +116,7 @@ def resolve_config(options: Mapping[str, Any] | None = None,
     cfg = Config(**values)
     if not 0 <= cfg.opt_level <= 3:
         raise NeuronCompileError(f"opt_level must be 0..3, got {cfg.opt_level}")
+    if cfg.compile_timeout <= 0:
+        raise NeuronCompileError(f"compile_timeout must be > 0 seconds, got {cfg.compile_timeout}")
     cfg.pass_names  # noqa: B018  (validates the pass spec now, with a clear error)
     return cfg

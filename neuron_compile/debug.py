@@ -2,7 +2,7 @@
 
 Layout: ``<dump_dir>/<graph>/<NN>.<phase>.<ext>`` numbered in the order written (``00.fx.txt``,
 ``01.fx.dce.txt``, ``02.fx-opt.txt``, ``03.linalg.mlir``, ``04.llvm.mlir``, ``05.obj.ll``), the
-tools' work files under ``work/`` (what a reproduce command points at), ``key.json`` with the cache
+tools' work files under ``work/`` (what a reproduce command points at), ``key.txt`` with the cache
 key parts and a runnable ``repro.py`` that compiles the FX graph and compares it with eager. When
 dumping is off the :class:`Dumper` does nothing, so call sites need no ``if``.
 """
@@ -84,6 +84,8 @@ class Dumper:
             return None
         specs = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), str(n.meta["val"].dtype))
                  for n in gm.graph.nodes if n.op == "placeholder"]
+        constants = {n.target: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+        torch.save(constants, self.dir / "repro_constants.pt")
         body = "\n".join("    " + ln for ln in gm.code.splitlines())
         text = f'''"""Repro of one neuron-compile graph: python {self.dir / "repro.py"}"""
 import torch
@@ -97,6 +99,12 @@ inf, nan = float("inf"), float("nan")
 
 
 class Repro(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        here = __import__("pathlib").Path(__file__).parent
+        for name, value in torch.load(here / "repro_constants.pt", weights_only=True).items():
+            self.register_buffer(name, value)
+
 {body}
 
 
@@ -107,13 +115,18 @@ def make(shape, stride, dtype):
 
 
 args = [make(*s) for s in {specs!r}]
+torch.manual_seed(0)  # random ops (dropout) draw the same numbers in both runs
 expected = Repro()(*args)
 exe = compile_graph(make_fx(Repro(), tracing_mode="fake")(*args), Config(cache=False))
+torch.manual_seed(0)
 got = exe(list(args))
+bad = 0
 for i, (g, e) in enumerate(zip(got, expected if isinstance(expected, (list, tuple)) else [expected])):
     if isinstance(e, torch.Tensor):
         ok = torch.allclose(g.double(), e.double(), rtol=1e-4, atol=1e-5, equal_nan=True)
+        bad += not ok
         print(f"output {{i}}: {{'ok' if ok else 'MISMATCH'}} {{tuple(e.shape)}} {{e.dtype}}")
+raise SystemExit(1 if bad else 0)
 '''
         path = self.dir / "repro.py"
         path.write_text(text)

@@ -125,19 +125,24 @@ def verify_payloads(directory: Path, manifest: dict[str, Any]) -> list[str]:
     return problems
 
 
-def load_executable(path: str | Path, mode: str = "native") -> Executable:
+def load_executable(path: str | Path, mode: str = "native", expect_key: str | None = None) -> Executable:
     """Load a stored executable as a callable ``exe(list_of_tensors) -> list``.
 
     Args:
         path: the executable's directory.
         mode: ``native`` (dlopen ``kernel.so``; ~0.2 ms) or ``jit`` (re-JIT ``kernel.llvm.mlir`` with
             MLIR's ExecutionEngine in this process; 100s of ms, needs no linker).
+        expect_key: the cache key the entry must carry (the cache passes its directory's key, so an
+            entry moved to another key's place is refused).
     Raises:
         ExecutableError: missing/corrupt payloads (sha256 checked first), another format version, or
             native code built for another CPU than this host's.
     """
     directory = Path(path)
     manifest = read_manifest(directory)
+    if expect_key is not None and manifest.get("cache_key") != expect_key:
+        raise ExecutableError(f"executable {directory} carries cache key {manifest.get('cache_key')}, "
+                              f"not the key {expect_key} it is stored under")
     problems = verify_payloads(directory, manifest)
     if problems:
         raise ExecutableError(f"executable {directory} is corrupt: {'; '.join(problems)}")

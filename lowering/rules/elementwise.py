@@ -12,6 +12,7 @@ import torch
 
 from neuron_compile.lowering.context import LoweringContext, result_dtype
 from neuron_compile.lowering.ir import TensorValue
+from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
@@ -213,7 +214,7 @@ def _unary(opname: str):
         _, dtype = ctx.out_spec()
         if not dtype.is_floating_point:  # floor/ceil/round/trunc of integers are identities
             return _pointwise(ctx, lambda s, x: x, a)
-        if opname in ("math.exp", "math.erf"):  # inline float32 forms live in the builder
+        if opname in ("math.exp", "math.erf", "math.log1p", "math.expm1"):  # accurate/inline forms in the builder
             return _pointwise(ctx, lambda s, x: getattr(s, opname[5:])(x), a)
         return _pointwise(ctx, lambda s, x: s.unary(opname, x), a)
     rule.__name__ = f"lower_{opname.split('.')[1]}"
@@ -304,7 +305,7 @@ def lower_convert_element_type(ctx: LoweringContext, a, dtype) -> TensorValue:
 def lower_copy(ctx: LoweringContext, dst, src, non_blocking=False) -> TensorValue:
     """Functional ``copy``: ``src`` broadcast to ``dst``'s shape and cast to its dtype (``Tensor.copy_``)."""
     shape, dtype = ctx.out_spec()
-    if isinstance(src, TensorValue):
+    if isinstance(src, (TensorValue, LazyTensor)):
         return ctx.elementwise(lambda s, x: x, [src], shape, dtype, compute_dtype=src.dtype)
     return ctx.fill(shape, dtype, src)
 

@@ -148,3 +148,25 @@ def test_eviction_never_removes_an_entry_another_process_holds_locked(tmp_path):
         assert child.stdout.strip() == "0" and locked.is_dir()
     finally:
         held.release()
+
+
+def test_an_entry_moved_under_another_key_is_refused(tmp_path):
+    compile_and_run(tmp_path, opt_level=1)
+    compile_and_run(tmp_path, opt_level=2)
+    a, b = sorted(p.parent for p in (tmp_path / "v1").glob("??/*/manifest.json"))
+    tmp = a.with_name("swap")
+    os.rename(a, tmp)
+    os.rename(b, a)
+    os.rename(tmp, b)   # each entry now sits under the other's key
+    with pytest.warns(RuntimeWarning, match="carries cache key"):
+        m = compile_and_run(tmp_path, opt_level=1)
+    assert m["quarantined"] == 1 and m["graphs_compiled"] == 1
+
+
+def test_a_world_writable_entry_inside_a_safe_root_is_not_loaded(tmp_path):
+    compile_and_run(tmp_path)
+    entry = only_entry(tmp_path)
+    os.chmod(entry, 0o777)
+    with pytest.warns(RuntimeWarning, match="writable by other users"):
+        m = compile_and_run(tmp_path)
+    assert m["disk_hits"] == 0 and m["quarantined"] == 1 and m["graphs_compiled"] == 1

@@ -59,3 +59,7 @@ def test_compile_cli_reproduces_a_stage_from_a_dumped_file(tmp_path):
     out = cli("compile", str(linalg), "--from", "linalg", "--emit", "llvm", "-o", str(tmp_path / "k.llvm.mlir"))
     assert out.returncode == 0, out.stderr
     assert "llvm.func" in (tmp_path / "k.llvm.mlir").read_text()
+    obj = cli("compile", str(linalg), "--from", "linalg", "--emit", "obj", "-o", str(tmp_path / "k.o"))
+    assert obj.returncode == 0, obj.stderr
+    assert (tmp_path / "k.o").read_bytes()[16] == 1  # ELF e_type ET_REL: a relocatable object
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "k.llvm.mlir", "k.o"]  # no work files left

@@ -86,3 +86,36 @@ def test_comparisons_of_fused_values_promote_like_eager():
     x, y = torch.randn(5), torch.randn(5)
     for got, exp in zip(neuron_compile(f)(x, y), f(x, y)):
         torch.testing.assert_close(got, exp)
+
+
+def test_integer_division_by_zero_or_minus_one_never_traps():
+    """x86 idiv traps (SIGFPE would kill the process) on b == 0 and INT_MIN / -1; both are guarded."""
+    a, b = torch.tensor([5, -7, -2**63, 9]), torch.tensor([0, 2, -1, -1])
+    f = neuron_compile(lambda a, b: (a // b, a % b, torch.div(a, b, rounding_mode="trunc")))
+    floor, rem, trunc = f(a, b)
+
+    def wrap(v: int) -> int:  # int64 two's complement, as ATen's integer ops wrap
+        return (v + 2**63) % 2**64 - 2**63
+    # Python ints as the reference (eager itself can trap on INT_MIN // -1); b == 0 is skipped: eager raises
+    for i in range(1, 4):
+        x, y = int(a[i]), int(b[i])
+        assert int(floor[i]) == wrap(x // y)
+        assert int(rem[i]) == wrap(x % y)
+        assert int(trunc[i]) == wrap(int(x / y) if abs(x) < 2**53 else -x if y == -1 else x // y)
+
+
+@pytest.mark.parametrize("fn,x", [
+    (torch.log1p, torch.tensor([1e-8, 1e-4, -0.5, 3.0, -1.0])),
+    (torch.expm1, torch.tensor([1e-8, 1e-4, -30.0, 3.0])),
+    (F.softplus, torch.tensor([-20.0, -16.0, 0.0, 25.0])),
+])
+def test_functions_near_cancellation_stay_accurate(fn, x):
+    torch.testing.assert_close(neuron_compile(fn)(x).double(), fn(x.double()), rtol=2e-6, atol=0)
+
+
+def test_long_float32_sums_are_accurate():
+    x = torch.full((1_000_000,), 0.1)
+    f = neuron_compile(lambda t: (t.sum(), t.mean()))
+    total, mean = f(x)
+    torch.testing.assert_close(total.double(), x.double().sum(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(mean.double(), x.double().mean(), rtol=1e-6, atol=0)
