@@ -26,9 +26,8 @@ from neuron_compile.passes.analysis import graph_outputs, dataflow_graph, kernel
 KERNEL = "neuron_kernel"
 INLINE = "neuron_inline"
 _aten = torch.ops.aten
-# computed by library calls (not vectorized; float32 exp and erf are inline polynomials and cheap):
-# never recomputed in several kernels
-EXPENSIVE = {_aten.log.default, _aten.tanh.default, _aten.pow.Tensor_Tensor, _aten.sin.default,
+# library calls or long polynomials: stored once, never recomputed in several kernels
+EXPENSIVE = {_aten.exp.default, _aten.log.default, _aten.tanh.default, _aten.pow.Tensor_Tensor, _aten.sin.default,
              _aten.cos.default, _aten.log1p.default, _aten.expm1.default}
 
 

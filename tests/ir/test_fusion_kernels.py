@@ -2,7 +2,9 @@
 
 Chosen numbers (forward, inference):
   GELU                 1  (one pointwise generic)
-  softmax              3  (amax | sum of exp(x - max) with the exp as prologue | exp(x - max) / sum)
+  softmax              4  (amax | exp(x - max) | sum | exp / sum): exp feeds two kernels and is stored once
+                          rather than recomputed; a reduction with the whole exp polynomial as prologue did
+                          not vectorize (measured 0.47 ms vs 0.28 ms for 256x1024)
   layer_norm           3  (sum | sum of squares around the mean | normalise·scale·shift)
   linear + bias + GELU 2  loop nests in ONE fused kernel: the matmul accumulating onto the bias, then
                           the GELU epilogue (a second loop nest: no tiling yet to put both in one)
@@ -23,7 +25,7 @@ from tests.ir.lower import lower
 
 CASES = {
     "gelu": (lambda x: F.gelu(x), lambda: [torch.randn(16, 64)], 1),
-    "softmax": (lambda x: x.softmax(-1), lambda: [torch.randn(16, 64)], 3),
+    "softmax": (lambda x: x.softmax(-1), lambda: [torch.randn(16, 64)], 4),
     "layer_norm": (lambda x, w, b: F.layer_norm(x, (64,), w, b), lambda: [torch.randn(16, 64), torch.randn(64),
                                                                           torch.randn(64)], 3),
     "linear_bias_gelu": (lambda x, w, b: F.gelu(F.linear(x, w, b)),
