@@ -33,7 +33,7 @@ PHASE_ORDER = [Phase.FX, Phase.FX_OPT, Phase.LINALG, Phase.LLVM, Phase.OBJ]
 TENSOR_OPT = "canonicalize,cse"
 # No eliminate-empty-tensors: after CSE merges two identical linalg.fill inits, it rewrote the shared
 # init into one output buffer and the second reduction read the first one's result (measured
-# miscompile in LLVM 22.1.8, see tests/e2e/test_reductions.py::test_two_sums_sharing_an_init).
+# miscompile in LLVM 22.1.8, see tests/unit/test_bufferization_regression.py).
 BUFFERIZE = ("empty-tensor-to-alloc-tensor,"
              "one-shot-bufferize{bufferize-function-boundaries=0},canonicalize,"
              "buffer-deallocation-pipeline,convert-bufferization-to-memref")
