@@ -27,7 +27,7 @@ from neuron_compile.lowering.ir import TensorValue, contiguous_strides, memref_t
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import fusion_kind, get_lowering, rule_file_for
-from neuron_compile.lowering.outputs import live_nodes, plan_outputs, storage_of
+from neuron_compile.lowering.outputs import live_nodes, plan_outputs
 from neuron_compile.plan import CallPlan, HostOp, TensorSpec
 
 from neuron_compile.runtime import KERNEL_SYMBOL  # noqa: E402

@@ -7,7 +7,7 @@ every pass, so no pass does its own bookkeeping.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -51,13 +51,3 @@ def verify_fx_contract(gm: torch.fx.GraphModule) -> None:
             raise AssertionError(f"FX node {n.name} ({n.target}) has no meta['val']")
         if n.op == "call_function" and hasattr(n.target, "_schema") and n.target._schema.is_mutable:
             raise AssertionError(f"FX node {n.name} calls mutating op {n.target}; graphs must be functional")
-
-
-@dataclass
-class PassTimer:
-    """Seconds per pass name, accumulated by the pipeline callback."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, name: str, s: float) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + s
