@@ -23,6 +23,17 @@ EXTRA_REFERENCE: dict[object, str] = {
     aten._log_softmax: "amax, sub, exp, sum, log, sub (torch._decomp)",
     aten.addcmul: "mul + add",
     aten.addcdiv: "div + mul + add",
+    aten.linalg_vector_norm: "abs / pow, sum, root: pointwise + reduction",
+    aten.repeat: "unsqueeze + expand + reshape",
+    aten.isinf: "abs(x) == inf",
+    aten.elu: "where(x > 0, x, alpha * (exp(x) - 1)) (expm1 form)",
+    aten.hardtanh: "clamp",
+    aten.leaky_relu: "where(x > 0, x, slope * x)",
+    aten.native_group_norm: "var_mean over groups + affine",
+    aten._native_batch_norm_legit_functional: "batch statistics by var_mean; running stats returned as outputs",
+    aten._native_batch_norm_legit_no_training: "running statistics + affine",
+    aten._native_batch_norm_legit: "functional form: batch statistics, new running stats as outputs",
+    aten.native_batch_norm: "dispatches to the _legit forms above",
 }
 
 

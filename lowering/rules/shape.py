@@ -130,3 +130,41 @@ def lower_select_scatter(ctx: LoweringContext, x: TensorValue, src: TensorValue,
     offsets = [0] * x.rank
     offsets[dim] = index
     return ctx.insert_slice(ctx.reshape(ctx.cast(src, x.dtype), shape), x, offsets)
+
+
+@register_lowering(aten.flip.default, prims.rev.default)
+def lower_flip(ctx: LoweringContext, x: TensorValue, dims) -> TensorValue:
+    """Reverse ``dims``: a gather reading index ``size - 1 - i`` along each of them."""
+    from neuron_compile.lowering.context import BodyBuilder
+    flipped = {d % x.rank for d in dims} if x.rank else set()
+    init = ctx.empty(x.shape, x.dtype)
+
+    def body(b: BodyBuilder, args):
+        coords = []
+        for d in range(x.rank):
+            i = b.index(d)
+            coords.append(b.sub(b.const(x.shape[d] - 1, torch.int64), i) if d in flipped else i)
+        return b.extract(x, coords)
+    return ctx.generic([], [], init, ctx.identity_map(x.rank), ["parallel"] * x.rank, body)
+
+
+@register_lowering(aten.constant_pad_nd.default)
+def lower_constant_pad_nd(ctx: LoweringContext, x: TensorValue, pad, value=0) -> TensorValue:
+    """``F.pad(x, pad, value=v)``: a tensor full of ``v`` with (the kept part of) ``x`` inserted.
+    ``pad`` lists (before, after) pairs from the last dim backwards; negative pads crop."""
+    shape, dtype = ctx.out_spec()
+    offsets_in, sizes, offsets_out = [0] * x.rank, list(x.shape), [0] * x.rank
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0:
+            offsets_in[d], sizes[d] = -before, sizes[d] + before
+        else:
+            offsets_out[d] = before
+        if after < 0:
+            sizes[d] += after
+    out = ctx.fill(shape, dtype, value)
+    if any(s <= 0 for s in sizes):
+        return out
+    kept = ctx.extract_slice(x, offsets_in, sizes, [1] * x.rank)
+    return ctx.insert_slice(ctx.materialize(ctx.cast(kept, dtype)), out, offsets_out)
