@@ -132,34 +132,47 @@ class LoweringContext:
         return self._generic(ins, in_maps, init, out_map, iterators, body, kernel)
 
     def _generic(self, ins, in_maps, init, out_map, iterators, body, kernel) -> TensorValue:
-        """One ``linalg.generic`` with a single output.
+        return self.generic_multi(ins, in_maps, [init], [out_map], iterators,
+                                  lambda b, args: [body(b, args)], kernel)[0]
 
-        ``body(b, [in scalars..., out scalar])`` returns the value to yield. ``init`` is the
-        output's initial value (it is read in the region only for reductions).
+    def generic_multi(self, ins: Sequence[TensorValue], in_maps: Sequence[str], inits: Sequence[TensorValue],
+                      out_maps: Sequence[str], iterators: Sequence[str],
+                      body: Callable[[BodyBuilder, list[Scalar]], list[Scalar]], kernel: bool = True
+                      ) -> list[TensorValue]:
+        """One ``linalg.generic`` with several outputs (e.g. a value and its index).
+
+        ``body(b, [in scalars..., out scalars...])`` returns the values to yield, one per output.
+        ``inits`` are the outputs' initial values (read in the region only for reductions).
         """
         ins = [self.materialize(v) for v in ins]
-        if numel(init.shape) == 0:
-            return init
+        if numel(inits[0].shape) == 0:
+            return list(inits)
         args = [Scalar(self.body.namer("a"), v.dtype) for v in ins]
-        acc = Scalar(self.body.namer("a"), init.dtype)
+        accs = [Scalar(self.body.namer("a"), v.dtype) for v in inits]
         region: list[str] = []
         b = BodyBuilder(self.body.namer, region, loc=self.loc, reassociate="reduction" in iterators)
-        result = b.to_storage(body(b, [b.from_storage(a.name, a.dtype) for a in args + [acc]]))
-        maps = ", ".join(list(in_maps) + [out_map])
+        results = [b.to_storage(r) for r in body(b, [b.from_storage(a.name, a.dtype) for a in args + accs])]
+        maps = ", ".join(list(in_maps) + list(out_maps))
         its = ", ".join(f'"{t}"' for t in iterators)
         ins_txt = ""
         if ins:
             ins_txt = f"ins({', '.join(v.name for v in ins)} : {', '.join(v.type for v in ins)}) "
-        head = (f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{its}]}} "
-                f"{ins_txt}outs({init.name} : {init.type}) {{")
-        bb_args = ", ".join(f"{s.name}: {storage_type(s.dtype)}" for s in args + [acc])
+        outs_txt = f"outs({', '.join(v.name for v in inits)} : {', '.join(v.type for v in inits)})"
+        head = f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{its}]}} {ins_txt}{outs_txt} {{"
+        bb_args = ", ".join(f"{a.name}: {storage_type(a.dtype)}" for a in args + accs)
         name = self.body.namer("t")
-        lines = [f"    {name} = {head}", f"    ^bb0({bb_args}):", *region,
-                 f"      linalg.yield {result.name} : {storage_type(result.dtype)} {self.loc}",
-                 f"    }} -> {init.type} {self.loc}"]
+        yields = ", ".join(r.name for r in results)
+        ytypes = ", ".join(storage_type(r.dtype) for r in results)
+        result_name = f"{name}:{len(inits)}" if len(inits) > 1 else name
+        lines = [f"    {result_name} = {head}", f"    ^bb0({bb_args}):", *region,
+                 f"      linalg.yield {yields} : {ytypes} {self.loc}",
+                 f"    }} -> {inits[0].type if len(inits) == 1 else '(' + ', '.join(v.type for v in inits) + ')'}"
+                 f" {self.loc}"]
         self.body.lines.extend(lines)
         self.body.kernels += kernel
-        return TensorValue(name, init.shape, init.dtype)
+        if len(inits) == 1:
+            return [TensorValue(name, inits[0].shape, inits[0].dtype)]
+        return [TensorValue(f"{name}#{k}", v.shape, v.dtype) for k, v in enumerate(inits)]
 
     def identity_map(self, rank: int) -> str:
         return affine_map(rank, [f"d{i}" for i in range(rank)])

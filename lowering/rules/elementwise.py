@@ -11,7 +11,7 @@ import math
 import torch
 
 from neuron_compile.lowering.context import LoweringContext, result_dtype
-from neuron_compile.lowering.ir import TensorValue
+from neuron_compile.lowering.ir import UNSIGNED, TensorValue
 from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import register_lowering
 
@@ -77,6 +77,18 @@ def lower_div_mode(ctx: LoweringContext, a, b, *, rounding_mode=None) -> TensorV
 @register_lowering(aten.remainder.Tensor, aten.remainder.Scalar)
 def lower_remainder(ctx: LoweringContext, a, b) -> TensorValue:
     return _pointwise(ctx, lambda s, x, y: s.rem(x, y), a, b)
+
+
+@register_lowering(aten.fmod.Tensor, aten.fmod.Scalar)
+def lower_fmod(ctx: LoweringContext, a, b) -> TensorValue:
+    """C ``fmod``: the result has the sign of the dividend (``arith.remf`` / ``arith.remsi``)."""
+    def fn(s, x, y):
+        if x.dtype.is_floating_point:
+            return s._bin("arith.remf", None, x, y)
+        safe, is_m1 = s._safe_int_divisor(x, y)
+        r = s._bin("", "arith.remsi", x, safe, uop="arith.remui")
+        return r if x.dtype in UNSIGNED else s.select(is_m1, s.const(0, x.dtype), r)
+    return _pointwise(ctx, fn, a, b)
 
 
 @register_lowering(aten.maximum.default)

@@ -10,7 +10,7 @@ import math
 import torch
 
 from neuron_compile.lowering.context import LoweringContext
-from neuron_compile.lowering.ir import TensorValue
+from neuron_compile.lowering.ir import TensorValue, affine_map
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
@@ -139,3 +139,78 @@ def lower_var_mean(ctx: LoweringContext, x, dim=None, *, correction=None, keepdi
 def lower_var(ctx: LoweringContext, x, dim=None, *, correction=None, keepdim=False) -> TensorValue:
     _, dtype = ctx.out_spec()
     return _var_mean(ctx, x, dim, correction, keepdim, dtype)[0]
+
+
+def _arg_extreme(ctx: LoweringContext, x, dim, keepdim: bool, kind: str):
+    """(values, indices) of the max/min along ``dim`` (the whole tensor, flattened, if ``dim`` is
+    None), one ``linalg.generic`` with two outputs. As ATen: the first extreme wins ties, and NaN
+    counts as the extreme (its first position is returned)."""
+    x = ctx.materialize(x)
+    if dim is None:
+        x, dim = ctx.reshape(x, (math.prod(x.shape),)), 0
+    if x.rank == 0:
+        x, dim = ctx.reshape(x, (1,)), 0
+    dim = dim % x.rank
+    kept = [i for i in range(x.rank) if i != dim]
+    out_shape = tuple(x.shape[i] for i in kept)
+    floating = x.dtype.is_floating_point
+    if floating:
+        start = -math.inf if kind == "max" else math.inf
+    elif x.dtype == torch.bool:
+        start = kind != "max"
+    else:
+        info = torch.iinfo(x.dtype)
+        start = info.min if kind == "max" else info.max
+    inits = [ctx.fill(out_shape, x.dtype, start), ctx.fill(out_shape, torch.int64, 0)]
+    out_map = affine_map(x.rank, [f"d{i}" for i in kept])
+
+    def body(b, args):
+        v, best, best_i = args
+        i = b.index(dim)
+        better = b.cmp("gt" if kind == "max" else "lt", v, best)
+        if floating:
+            v_nan = b._emit(f"arith.cmpf uno, {v.name}, {v.name} : {v.type}", torch.bool)
+            best_nan = b._emit(f"arith.cmpf uno, {best.name}, {best.name} : {best.type}", torch.bool)
+            better = b.logical_and(b.logical_or(better, v_nan), b.logical_not(best_nan))
+        # the first position always initialises the running best (covers an all -inf/NaN slice)
+        better = b.logical_or(better, b.cmp("eq", i, b.const(0, torch.int64)))
+        return [b.select(better, v, best), b.select(better, i, best_i)]
+
+    vals, idx = ctx.generic_multi([x], [ctx.identity_map(x.rank)], inits, [out_map, out_map],
+                                  ["reduction" if i == dim else "parallel" for i in range(x.rank)], body)
+    if keepdim:
+        shape = tuple(1 if i == dim else s for i, s in enumerate(x.shape))
+        vals, idx = ctx.reshape(vals, shape), ctx.reshape(idx, shape)
+    return vals, idx
+
+
+@register_lowering(aten.argmax.default)
+def lower_argmax(ctx: LoweringContext, x, dim=None, keepdim=False) -> TensorValue:
+    shape, _ = ctx.out_spec()
+    return ctx.reshape(_arg_extreme(ctx, x, dim, keepdim, "max")[1], shape)
+
+
+@register_lowering(aten.argmin.default)
+def lower_argmin(ctx: LoweringContext, x, dim=None, keepdim=False) -> TensorValue:
+    shape, _ = ctx.out_spec()
+    return ctx.reshape(_arg_extreme(ctx, x, dim, keepdim, "min")[1], shape)
+
+
+@register_lowering(aten.max.dim)
+def lower_max_dim(ctx: LoweringContext, x, dim, keepdim=False):
+    return _arg_extreme(ctx, x, dim, keepdim, "max")
+
+
+@register_lowering(aten.min.dim)
+def lower_min_dim(ctx: LoweringContext, x, dim, keepdim=False):
+    return _arg_extreme(ctx, x, dim, keepdim, "min")
+
+
+@register_lowering(aten.max.default)
+def lower_max_all(ctx: LoweringContext, x) -> TensorValue:
+    return _extreme("max")(ctx, x)
+
+
+@register_lowering(aten.min.default)
+def lower_min_all(ctx: LoweringContext, x) -> TensorValue:
+    return _extreme("min")(ctx, x)

@@ -48,3 +48,23 @@ def test_batchnorm_training_updates_running_stats_like_eager():
     ours.eval(), eager.eval()
     x = torch.randn(3, 4, 5, 5)
     torch.testing.assert_close(neuron_compile(copy.deepcopy(ours))(x), eager(x), rtol=1e-5, atol=1e-5)
+
+
+def test_argmax_argmin_max_min_with_ties_and_nan_like_eager():
+    x = torch.randn(4, 7)
+    x[1, 3] = float("nan")
+    x[2] = 5.0                      # ties: the first index wins
+    i = torch.randint(-5, 5, (3, 6))
+
+    def f(t):
+        return t.argmax(-1), t.argmin(0), t.argmax(), t.max(1), t.min(0, keepdim=True), t.max(), t.min()
+    for inp in (x, i):
+        torch._dynamo.reset()
+        torch.testing.assert_close(neuron_compile(f)(inp), f(inp), equal_nan=True)
+
+
+def test_fmod_keeps_the_sign_of_the_dividend():
+    x = torch.randn(4, 7) * 4
+    i = torch.randint(-9, 9, (6,))
+    f = lambda t, k: (torch.fmod(t, 3), torch.fmod(t, -2.5), torch.fmod(k, torch.tensor([2, 3, -3, 1, 2, -1])))  # noqa: E731
+    torch.testing.assert_close(neuron_compile(f)(x, i), f(x, i))
