@@ -34,6 +34,10 @@ EXTRA_REFERENCE: dict[object, str] = {
     aten._native_batch_norm_legit_no_training: "running statistics + affine",
     aten._native_batch_norm_legit: "functional form: batch statistics, new running stats as outputs",
     aten.native_batch_norm: "dispatches to the _legit forms above",
+    aten._adaptive_avg_pool2d: "windowed sums by index gathers, divided by the window sizes",
+    aten._adaptive_avg_pool2d_backward: "the matching scatter of the gradient",
+    aten.max_pool2d_with_indices: "windows gathered with indices, max and argmax over each",
+    aten.max_pool2d_with_indices_backward: "gradient scattered to the argmax positions",
 }
 
 

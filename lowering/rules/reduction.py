@@ -214,3 +214,39 @@ def lower_max_all(ctx: LoweringContext, x) -> TensorValue:
 @register_lowering(aten.min.default)
 def lower_min_all(ctx: LoweringContext, x) -> TensorValue:
     return _extreme("min")(ctx, x)
+
+
+def _scan(ctx: LoweringContext, x, dim: int, kind: str):
+    """Inclusive prefix sum/product along ``dim``: ``out[..i..] = Σ_{j ≤ i} x[..j..]`` as one generic
+    over (out dims + j) with a mask, O(n²) in the scan length (a parallel form; a sequential scan
+    loop would be O(n) — fine for the sequence lengths of position ids and masks)."""
+    shape, dtype = ctx.out_spec()
+    x = ctx.materialize(ctx.cast(x, dtype))
+    if x.rank == 0:
+        return x
+    dim = dim % x.rank
+    r = x.rank
+    j = f"d{r}"
+    x_map = affine_map(r + 1, [j if d == dim else f"d{d}" for d in range(r)])
+    acc = _acc_dtype(dtype) if kind == "sum" else dtype
+    init = ctx.fill(shape, acc, 0 if kind == "sum" else 1)
+
+    def body(b, args):
+        v, a = b.cast(args[0], acc), args[1]
+        take = b.cmp("le", b.index(r), b.index(dim))
+        ident = b.const(0 if kind == "sum" else 1, acc)
+        v = b.select(take, v, ident)
+        return b.add(a, v) if kind == "sum" else b.mul(a, v)
+    out = ctx.generic([x], [x_map], init, affine_map(r + 1, [f"d{d}" for d in range(r)]),
+                      ["parallel"] * r + ["reduction"], body)
+    return ctx.cast(out, dtype)
+
+
+@register_lowering(aten.cumsum.default)
+def lower_cumsum(ctx: LoweringContext, x, dim, *, dtype=None):
+    return _scan(ctx, x, dim, "sum")
+
+
+@register_lowering(aten.cumprod.default)
+def lower_cumprod(ctx: LoweringContext, x, dim, *, dtype=None):
+    return _scan(ctx, x, dim, "prod")

@@ -68,3 +68,70 @@ def test_fmod_keeps_the_sign_of_the_dividend():
     i = torch.randint(-9, 9, (6,))
     f = lambda t, k: (torch.fmod(t, 3), torch.fmod(t, -2.5), torch.fmod(k, torch.tensor([2, 3, -3, 1, 2, -1])))  # noqa: E731
     torch.testing.assert_close(neuron_compile(f)(x, i), f(x, i))
+
+
+@pytest.mark.parametrize("kw", [{}, {"stride": 2, "padding": 1}, {"padding": 2, "dilation": 2, "groups": 2},
+                                {"groups": 2, "stride": (1, 2)}])
+def test_conv2d_forward_backward_matches_float64_eager(kw):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 9, 8, requires_grad=True)
+    w = torch.randn(6, 4 // kw.get("groups", 1), 3, 3, requires_grad=True)
+    b = torch.randn(6, requires_grad=True)
+    f = lambda x, w, b: F.conv2d(x, w, b, **kw)  # noqa: E731
+    out = neuron_compile(f)(x, w, b)
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    out_ref = f(*refs)
+    torch.testing.assert_close(out.double(), out_ref, rtol=1e-5, atol=1e-4)
+    grads = torch.autograd.grad((out * out).sum(), [x, w, b])
+    grads_ref = torch.autograd.grad((out_ref * out_ref).sum(), refs)
+    for g, gr in zip(grads, grads_ref):
+        torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-3)
+
+
+def test_conv1d_and_prefix_scans():
+    x1, w1 = torch.randn(2, 3, 10), torch.randn(5, 3, 4)
+    f = lambda x, w: F.conv1d(x, w, padding=1)  # noqa: E731
+    torch.testing.assert_close(neuron_compile(f)(x1, w1), f(x1, w1), rtol=1e-5, atol=1e-5)
+    t = torch.randn(3, 9)
+    g = lambda t: (t.cumsum(1), t.cumprod(0), (t > 0).long().cumsum(-1))  # noqa: E731
+    torch._dynamo.reset()
+    torch.testing.assert_close(neuron_compile(g)(t), g(t))
+
+
+class SmallCNN(nn.Module):
+    """conv → batchnorm (train) → relu → maxpool → conv (stride 2) → adaptive avgpool → linear."""
+
+    def __init__(self):
+        super().__init__()
+        # no bias before batchnorm: its gradient is exactly zero in theory, so both eager's and ours
+        # are rounding noise, which AdamW's normalisation would blow up into different updates
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, stride=2)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
+        return self.fc(F.adaptive_avg_pool2d(F.relu(self.c2(x)), 1).flatten(1))
+
+
+def test_small_cnn_trains_like_eager_for_five_adamw_steps():
+    # float32 throughout: grads through batchnorm and two convolutions differ from eager by reduction
+    # order only, hence 1e-4 relative on parameters after five steps
+    torch.manual_seed(0)
+    ours = SmallCNN()
+    eager = copy.deepcopy(ours)
+    compiled = neuron_compile(ours)
+    opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-2)
+    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x, y = torch.randn(4, 3, 16, 16, generator=gen), torch.randint(0, 4, (4,), generator=gen)
+        for fn, opt in ((compiled, opt_o), (eager, opt_e)):
+            opt.zero_grad()
+            F.cross_entropy(fn(x), y).backward()
+            opt.step()
+    for (name, p), q in zip(ours.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    torch.testing.assert_close(ours.bn.running_mean, eager.bn.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.bn.running_var, eager.bn.running_var, rtol=1e-5, atol=1e-6)

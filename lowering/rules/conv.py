@@ -1,0 +1,109 @@
+"""Lowering rule for ``aten.convolution`` (forward, not transposed, any number of spatial dims, groups).
+
+One contraction ``linalg.generic`` over (n, oc, out spatial..., ic per group, kernel spatial...):
+the input is read at ``o·stride + k·dilation`` (affine maps express strides and dilation) from a
+zero-padded copy, the group of an output channel is ``oc floordiv (OC/groups)``, and the bias is the
+accumulator's initial value. Semantics: ATen ``convolution`` (cross-correlation, NCHW).
+"""
+from __future__ import annotations
+
+import torch
+
+from neuron_compile.lowering.context import LoweringContext
+from neuron_compile.lowering.ir import TensorValue, affine_map
+from neuron_compile.lowering.registry import register_lowering
+
+aten = torch.ops.aten
+FUSION_KIND = "matmul"
+
+
+@register_lowering(aten.convolution.default)
+def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
+                      transposed: bool, output_padding, groups: int) -> TensorValue:
+    if transposed:
+        raise ctx.unsupported("transposed convolution")
+    shape, dtype = ctx.out_spec()
+    x, w = ctx.materialize(x), ctx.materialize(w)
+    k = x.rank - 2
+    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    if any(padding):
+        padded_shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * padding[i] for i in range(k)]
+        base = ctx.fill(padded_shape, x.dtype, 0)
+        x = ctx.insert_slice(x, base, [0, 0] + list(padding))
+    oc, icg = w.shape[0], w.shape[1]
+    ocg = oc // groups
+    # loop dims: d0 = n, d1 = oc, d2.. = output spatial, then ic (per group), then kernel spatial
+    n_loops = 2 + k + 1 + k
+    o = [f"d{2 + i}" for i in range(k)]
+    ic = f"d{2 + k}"
+    kk = [f"d{3 + k + i}" for i in range(k)]
+    chan = f"(d1 floordiv {ocg}) * {icg} + {ic}" if groups > 1 else ic
+    x_map = affine_map(n_loops, ["d0", chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
+    w_map = affine_map(n_loops, ["d1", ic] + kk)
+    out_map = affine_map(n_loops, ["d0", "d1"] + o)
+    if bias is not None:
+        acc = ctx.materialize(ctx.broadcast_to(ctx.cast(ctx.reshape(ctx.materialize(bias), (oc,) + (1,) * k), dtype),
+                                               shape), kernel=False)
+    else:
+        acc = ctx.fill(shape, dtype, 0)
+
+    def body(b, args):
+        xv, wv, a = args
+        return b.add(a, b.mul(b.cast(xv, dtype), b.cast(wv, dtype)))
+    iters = ["parallel"] * (2 + k) + ["reduction"] * (1 + k)
+    return ctx.generic([x, w], [x_map, w_map], acc, out_map, iters, body)
+
+
+@register_lowering(aten.convolution_backward.default)
+def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue, w: TensorValue, bias_sizes,
+                               stride, padding, dilation, transposed: bool, output_padding, groups: int,
+                               output_mask):
+    """(grad_input, grad_weight, grad_bias) of :func:`lower_convolution`, each one contraction:
+    grad_weight and grad_bias read like the forward; grad_input accumulates into the padded input
+    through the forward's input map (an accumulating scatter, run as sequential loops), then the
+    padding is cropped."""
+    if transposed:
+        raise ctx.unsupported("transposed convolution")
+    grad, x, w = ctx.materialize(grad), ctx.materialize(x), ctx.materialize(w)
+    k = x.rank - 2
+    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    oc, icg = w.shape[0], w.shape[1]
+    ocg = oc // groups
+    n_loops = 2 + k + 1 + k
+    o = [f"d{2 + i}" for i in range(k)]
+    ic = f"d{2 + k}"
+    kk = [f"d{3 + k + i}" for i in range(k)]
+    chan = f"(d1 floordiv {ocg}) * {icg} + {ic}" if groups > 1 else ic
+    x_map = affine_map(n_loops, ["d0", chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
+    w_map = affine_map(n_loops, ["d1", ic] + kk)
+    g_map = affine_map(n_loops, ["d0", "d1"] + o)
+    padded_shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * padding[i] for i in range(k)]
+    x_pad = ctx.insert_slice(x, ctx.fill(padded_shape, x.dtype, 0), [0, 0] + list(padding)) if any(padding) else x
+    dtype = grad.dtype
+    results = []
+    if output_mask[0]:
+        def gi_body(b, args):
+            g, wv, a = args
+            return b.add(a, b.mul(g, b.cast(wv, dtype)))
+        gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(padded_shape, dtype, 0), x_map,
+                         ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), gi_body)
+        results.append(ctx.extract_slice(gx, [0, 0] + list(padding), list(x.shape), [1] * x.rank)
+                       if any(padding) else gx)
+    else:
+        results.append(None)
+    if output_mask[1]:
+        def gw_body(b, args):
+            g, xv, a = args
+            return b.add(a, b.mul(g, b.cast(xv, dtype)))
+        iters = ["reduction", "parallel"] + ["reduction"] * k + ["parallel"] * (1 + k)
+        results.append(ctx.generic([grad, x_pad], [g_map, x_map], ctx.fill(w.shape, dtype, 0), w_map, iters,
+                                   gw_body))
+    else:
+        results.append(None)
+    if output_mask[2]:
+        total = ctx.reduce(grad, [0] + list(range(2, grad.rank)), False, 0, lambda b, a, v: b.add(a, v),
+                           torch.float64 if dtype == torch.float32 else dtype)
+        results.append(ctx.materialize(ctx.cast(total, dtype)))
+    else:
+        results.append(None)
+    return tuple(results)
