@@ -56,8 +56,43 @@ def _native_dropout(input: torch.Tensor, p: float, train: bool | None):
     return input * noise * (1.0 / (1 - p)), noise.to(torch.bool)
 
 
+def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
+                             attn_mask=None, scale=None):
+    """Gradients of scaled dot-product attention from the saved output, as matmuls and pointwise ops
+    (the FlashAttention backward, Dao et al. 2022, Alg. 2): P = softmax(S), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - rowsum(dO ∘ O)), dQ = dS K·s, dK = dSᵀ Q·s."""
+    if dropout_p != 0 or query.shape[1] % key.shape[1]:
+        return NotImplemented
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: kv heads shared by `groups` q heads
+    key_heads = key
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    s = scale if scale is not None else 1.0 / query.shape[-1] ** 0.5
+    scores = (query @ key.transpose(-2, -1)) * s
+    if is_causal:
+        causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask
+    # the softmax is recomputed from the scores rather than from the saved `logsumexp`, whose layout
+    # differs between the fused kernel and its decomposition
+    p = torch.softmax(scores, dim=-1)
+    grad_v = p.transpose(-2, -1) @ grad_out
+    grad_p = grad_out @ value.transpose(-2, -1)
+    grad_s = p * (grad_p - (grad_out * out).sum(-1, keepdim=True))
+    grad_q, grad_k = grad_s @ key * s, grad_s.transpose(-2, -1) @ query * s
+    if groups > 1:
+        b, hk, sk = key_heads.shape[0], key_heads.shape[1], key_heads.shape[2]
+        grad_k = grad_k.view(b, hk, groups, sk, grad_k.shape[-1]).sum(2)
+        grad_v = grad_v.view(b, hk, groups, sk, grad_v.shape[-1]).sum(2)
+    return grad_q, grad_k, grad_v
+
+
 OURS: dict[object, tuple[Callable, str]] = {
     aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
+        _sdpa_flash_cpu_backward, "FlashAttention backward as matmuls (the forward is in the core table)"),
 }
 
 

@@ -168,3 +168,23 @@ def lower_constant_pad_nd(ctx: LoweringContext, x: TensorValue, pad, value=0) ->
         return out
     kept = ctx.extract_slice(x, offsets_in, sizes, [1] * x.rank)
     return ctx.insert_slice(ctx.materialize(ctx.cast(kept, dtype)), out, offsets_out)
+
+
+@register_lowering(aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int)
+def lower_split(ctx: LoweringContext, x: TensorValue, sizes_or_size=None, dim=0):
+    """The pieces of ``x`` along ``dim`` (each an ``extract_slice``, free until materialised)."""
+    outs = ctx.out_meta
+    if ctx.node.target == aten.unbind.int:
+        dim = sizes_or_size if sizes_or_size is not None else 0
+    dim = dim % x.rank
+    pieces, offset = [], 0
+    for meta in outs:
+        shape = tuple(int(s) for s in meta.shape)
+        length = 1 if ctx.node.target == aten.unbind.int else shape[dim]
+        offsets = [0] * x.rank
+        sizes = list(x.shape)
+        offsets[dim], sizes[dim] = offset, length
+        piece = ctx.extract_slice(x, offsets, sizes, [1] * x.rank)
+        pieces.append(ctx.reshape(piece, shape))
+        offset += length
+    return tuple(pieces)

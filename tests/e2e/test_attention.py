@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import neuron_compile
-from tests.e2e.models import CausalSelfAttention
+from tests.e2e.modules import CausalSelfAttention
 
 
 @pytest.mark.parametrize("b,t,c,h", [(2, 5, 16, 2), (1, 8, 24, 3)])

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import neuron_compile
-from tests.e2e.models import MLP
+from tests.e2e.modules import MLP
 
 
 def _grads_vs_float64(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):

@@ -135,3 +135,14 @@ def test_small_cnn_trains_like_eager_for_five_adamw_steps():
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     torch.testing.assert_close(ours.bn.running_mean, eager.bn.running_mean, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ours.bn.running_var, eager.bn.running_var, rtol=1e-5, atol=1e-6)
+
+
+def test_split_chunk_unbind_of_computed_values():
+    def f(t):
+        y = t * 2
+        a, b, c = y.split([1, 2, 3], dim=1)
+        p, q = y.chunk(2, dim=0)
+        r = y.unbind(1)
+        return a + 1, b.sum(), c * p[:, :3].sum(), q - 1, r[4] * r[5]
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(neuron_compile(f)(x), f(x))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import neuron_compile
 from neuron_compile.cache import clear_memory_cache
 from tests.conftest import neuron_compile as nc
-from tests.e2e.models import MLP, CausalSelfAttention
+from tests.e2e.modules import MLP, CausalSelfAttention
 from tests.ir.lower import lower
 
 CASES = {
