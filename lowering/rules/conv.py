@@ -17,6 +17,26 @@ aten = torch.ops.aten
 FUSION_KIND = "matmul"
 
 
+def _geometry(ctx: LoweringContext, x: TensorValue, w: TensorValue, stride, padding, dilation, groups: int):
+    """The zero-padded input and the indexing maps (input, weight, output) of the convolution's loop
+    nest: (n, oc, out spatial..., ic per group, kernel spatial...)."""
+    k = x.rank - 2
+    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    if any(padding):
+        padded_shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * padding[i] for i in range(k)]
+        x = ctx.insert_slice(x, ctx.fill(padded_shape, x.dtype, 0), [0, 0] + list(padding))
+    oc, icg = w.shape[0], w.shape[1]
+    n_loops = 2 + k + 1 + k
+    o = [f"d{2 + i}" for i in range(k)]
+    ic = f"d{2 + k}"
+    kk = [f"d{3 + k + i}" for i in range(k)]
+    chan = f"(d1 floordiv {oc // groups}) * {icg} + {ic}" if groups > 1 else ic
+    x_map = affine_map(n_loops, ["d0", chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
+    w_map = affine_map(n_loops, ["d1", ic] + kk)
+    out_map = affine_map(n_loops, ["d0", "d1"] + o)
+    return x, padding, x_map, w_map, out_map
+
+
 @register_lowering(aten.convolution.default)
 def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
                       transposed: bool, output_padding, groups: int) -> TensorValue:
@@ -24,23 +44,8 @@ def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias
         raise ctx.unsupported("transposed convolution")
     shape, dtype = ctx.out_spec()
     x, w = ctx.materialize(x), ctx.materialize(w)
-    k = x.rank - 2
-    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
-    if any(padding):
-        padded_shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * padding[i] for i in range(k)]
-        base = ctx.fill(padded_shape, x.dtype, 0)
-        x = ctx.insert_slice(x, base, [0, 0] + list(padding))
-    oc, icg = w.shape[0], w.shape[1]
-    ocg = oc // groups
-    # loop dims: d0 = n, d1 = oc, d2.. = output spatial, then ic (per group), then kernel spatial
-    n_loops = 2 + k + 1 + k
-    o = [f"d{2 + i}" for i in range(k)]
-    ic = f"d{2 + k}"
-    kk = [f"d{3 + k + i}" for i in range(k)]
-    chan = f"(d1 floordiv {ocg}) * {icg} + {ic}" if groups > 1 else ic
-    x_map = affine_map(n_loops, ["d0", chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
-    w_map = affine_map(n_loops, ["d1", ic] + kk)
-    out_map = affine_map(n_loops, ["d0", "d1"] + o)
+    k, oc = x.rank - 2, w.shape[0]
+    x, _, x_map, w_map, out_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
     if bias is not None:
         acc = ctx.materialize(ctx.broadcast_to(ctx.cast(ctx.reshape(ctx.materialize(bias), (oc,) + (1,) * k), dtype),
                                                shape), kernel=False)
@@ -66,19 +71,8 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
         raise ctx.unsupported("transposed convolution")
     grad, x, w = ctx.materialize(grad), ctx.materialize(x), ctx.materialize(w)
     k = x.rank - 2
-    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
-    oc, icg = w.shape[0], w.shape[1]
-    ocg = oc // groups
-    n_loops = 2 + k + 1 + k
-    o = [f"d{2 + i}" for i in range(k)]
-    ic = f"d{2 + k}"
-    kk = [f"d{3 + k + i}" for i in range(k)]
-    chan = f"(d1 floordiv {ocg}) * {icg} + {ic}" if groups > 1 else ic
-    x_map = affine_map(n_loops, ["d0", chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
-    w_map = affine_map(n_loops, ["d1", ic] + kk)
-    g_map = affine_map(n_loops, ["d0", "d1"] + o)
-    padded_shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * padding[i] for i in range(k)]
-    x_pad = ctx.insert_slice(x, ctx.fill(padded_shape, x.dtype, 0), [0, 0] + list(padding)) if any(padding) else x
+    x_pad, padding, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
+    padded_shape = list(x_pad.shape)
     dtype = grad.dtype
     results = []
     if output_mask[0]:
