@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from neuron_compile.lowering.context import LoweringContext
-from neuron_compile.lowering.ir import TensorValue
+from neuron_compile.lowering.ir import TensorValue, numel
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
@@ -188,3 +188,25 @@ def lower_split(ctx: LoweringContext, x: TensorValue, sizes_or_size=None, dim=0)
         pieces.append(ctx.reshape(piece, shape))
         offset += length
     return tuple(pieces)
+
+
+@register_lowering(aten.as_strided.default)
+def lower_as_strided(ctx: LoweringContext, x: TensorValue, size, stride, storage_offset=None) -> TensorValue:
+    """``as_strided`` of a value whose storage is its own row-major layout (the input's metadata is
+    contiguous from offset 0): a gather at ``offset + Σ i_k·stride_k`` of the flattened input."""
+    from neuron_compile.lowering.context import BodyBuilder
+    from neuron_compile.lowering.ir import contiguous_strides
+    src = ctx.node.args[0].meta["val"]
+    if src.storage_offset() != 0 or tuple(src.stride()) != contiguous_strides(tuple(src.shape)):
+        raise ctx.unsupported("as_strided of a non-contiguous view")
+    shape, _ = ctx.out_spec()
+    flat = ctx.reshape(x, (numel(x.shape),))
+    init = ctx.empty(shape, x.dtype)
+    offset = storage_offset or 0
+
+    def body(b: BodyBuilder, args):
+        pos = b.const(offset, torch.int64)
+        for d, st in enumerate(stride):
+            pos = b.add(pos, b.mul(b.index(d), b.const(st, torch.int64)))
+        return b.extract(flat, [pos])
+    return ctx.generic([], [], init, ctx.identity_map(len(shape)), ["parallel"] * len(shape), body)

@@ -146,3 +146,21 @@ def test_split_chunk_unbind_of_computed_values():
         return a + 1, b.sum(), c * p[:, :3].sum(), q - 1, r[4] * r[5]
     x = torch.randn(4, 6)
     torch.testing.assert_close(neuron_compile(f)(x), f(x))
+
+
+def test_affine_group_norm_and_as_strided_of_a_computed_value():
+    torch.manual_seed(0)
+    x, w, b = (torch.randn(2, 6, 4, 5, requires_grad=True), torch.randn(6, requires_grad=True),
+               torch.randn(6, requires_grad=True))
+    f = lambda x, w, b: F.group_norm(x, 2, w, b)  # noqa: E731
+    out = neuron_compile(f)(x, w, b)
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    out_ref = f(*refs)
+    torch.testing.assert_close(out.double(), out_ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad((out ** 2).sum(), [x, w, b])
+    for g, gr in zip(grads, torch.autograd.grad((out_ref ** 2).sum(), refs)):
+        torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-4)
+    y = torch.randn(3, 4)
+    g = lambda t: torch.as_strided(t * 2, (2, 3), (4, 1), 1) + 1  # noqa: E731
+    torch._dynamo.reset()
+    torch.testing.assert_close(neuron_compile(g)(y), g(y))
