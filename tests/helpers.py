@@ -1,18 +1,29 @@
-"""Helpers for comparing compiled results with independently computed references."""
+"""Helpers shared by the end-to-end tests."""
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
+
+from tests.conftest import neuron_compile
 
 
-def float64_reference(module: torch.nn.Module, *inputs: torch.Tensor):
-    """Run ``module`` in float64 eager on float64 copies of floating inputs; returns (output, grads)."""
-    ref = copy.deepcopy(module).double()
-    xs = [x.double().detach().requires_grad_(x.requires_grad) if x.is_floating_point() else x for x in inputs]
-    out = ref(*xs)
-    return ref, xs, out
-
-
-def assert_close_rel(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str) -> None:
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+def train_side_by_side(model: torch.nn.Module, steps: int, batch: Callable[[torch.Generator], tuple],
+                       lr: float = 1e-2) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """AdamW + cross-entropy for ``steps`` on a compiled copy and an eager copy of ``model``, same
+    batches, same random seed per step (dropout masks). Returns (ours, eager) for comparison."""
+    eager = copy.deepcopy(model)
+    compiled = neuron_compile(model)
+    opts = [(compiled, torch.optim.AdamW(model.parameters(), lr=lr)),
+            (eager, torch.optim.AdamW(eager.parameters(), lr=lr))]
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x, y = batch(gen)
+        for fn, opt in opts:
+            torch.manual_seed(1000 + step)
+            opt.zero_grad()
+            F.cross_entropy(fn(x), y).backward()
+            opt.step()
+    return model, eager

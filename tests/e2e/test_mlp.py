@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import neuron_compile
+from tests.helpers import train_side_by_side
 from tests.e2e.modules import MLP
 
 
@@ -67,19 +68,7 @@ def test_dropout_in_training_matches_eager_mask_stream():
 
 def test_adamw_20_steps_match_eager_parameters():
     torch.manual_seed(0)
-    eager = MLP(16, 32, 5, p_drop=0.1)
-    ours = copy.deepcopy(eager)
-    compiled = neuron_compile(ours)
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-    opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(1)
-    for step in range(20):
-        x = torch.randn(8, 16, generator=gen)
-        y = torch.randint(0, 5, (8,), generator=gen)
-        for model, fn, opt in ((eager, eager, opt_e), (ours, compiled, opt_o)):
-            torch.manual_seed(1000 + step)  # same dropout masks for both
-            opt.zero_grad()
-            F.cross_entropy(fn(x), y).backward()
-            opt.step()
+    ours, eager = train_side_by_side(MLP(16, 32, 5, p_drop=0.1), 20,
+                                     lambda g: (torch.randn(8, 16, generator=g), torch.randint(0, 5, (8,), generator=g)))
     for (name, pe), po in zip(eager.named_parameters(), ours.parameters()):
         torch.testing.assert_close(po, pe, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tests.conftest import neuron_compile
+from tests.helpers import train_side_by_side
 
 CASES = {
     "vector_norm": (lambda t: torch.linalg.vector_norm(t, dim=-1) + t.norm(), (4, 6)),
@@ -119,18 +120,8 @@ def test_small_cnn_trains_like_eager_for_five_adamw_steps():
     # float32 throughout: grads through batchnorm and two convolutions differ from eager by reduction
     # order only, hence 1e-4 relative on parameters after five steps
     torch.manual_seed(0)
-    ours = SmallCNN()
-    eager = copy.deepcopy(ours)
-    compiled = neuron_compile(ours)
-    opt_o = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    opt_e = torch.optim.AdamW(eager.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(5):
-        x, y = torch.randn(4, 3, 16, 16, generator=gen), torch.randint(0, 4, (4,), generator=gen)
-        for fn, opt in ((compiled, opt_o), (eager, opt_e)):
-            opt.zero_grad()
-            F.cross_entropy(fn(x), y).backward()
-            opt.step()
+    ours, eager = train_side_by_side(SmallCNN(), 5, lambda g: (torch.randn(4, 3, 16, 16, generator=g),
+                                                              torch.randint(0, 4, (4,), generator=g)))
     for (name, p), q in zip(ours.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     torch.testing.assert_close(ours.bn.running_mean, eager.bn.running_mean, rtol=1e-5, atol=1e-6)
