@@ -23,7 +23,8 @@ import torch
 from neuron_compile.errors import (DynamicShapeError, LoweringError, NeuronCompileError, RuleDeclined,
                                    UnsupportedOp, UnsupportedOpsError)
 from neuron_compile.lowering.context import FunctionBody, LoweringContext
-from neuron_compile.lowering.ir import TensorValue, contiguous_strides, memref_type, tensor_bytes, tensor_type
+from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, supported_dtype, tensor_bytes,
+                                       tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import fusion_kind, get_lowering, rule_file_for
@@ -72,11 +73,10 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
         DynamicShapeError: a symbolic size. UnsupportedOpsError: listing every node with no rule or
         whose rule declined its case. LoweringError: a rule failed (a bug).
     """
-    from neuron_compile.passes.verify_lowerable import unsupported_ops
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     input_specs = [_static_spec(n) for n in placeholders]
-    bad_dtypes = [u for u in unsupported_ops(gm) if u.reason.startswith("dtype")]
+    bad_dtypes = unsupported_dtype_nodes(gm)
     if bad_dtypes:
         raise UnsupportedOpsError(bad_dtypes, graph_name)
     body = FunctionBody()
@@ -218,6 +218,23 @@ def _materialized(ctx: LoweringContext, env: dict, node: torch.fx.Node) -> Any:
     if isinstance(v, LazyTensor) or (isinstance(v, tuple) and any(isinstance(x, LazyTensor) for x in v)):
         v = env[node] = _materialize_all(LoweringContext(ctx.body, node, mlir_location(node)), v)
     return v
+
+
+def unsupported_dtype_nodes(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
+    """Nodes producing a dtype with no MLIR element type here (complex, uint64, ...)."""
+    found = []
+    for n in gm.graph.nodes:
+        if n.op not in ("placeholder", "call_function", "get_attr"):
+            continue
+        val = n.meta.get("val")
+        vals = [val] if isinstance(val, torch.Tensor) else [v for v in val if isinstance(v, torch.Tensor)] \
+            if isinstance(val, (list, tuple)) else []
+        bad = [v.dtype for v in vals if not supported_dtype(v.dtype)]
+        if bad:
+            found.append(UnsupportedOp(op_name(n) if n.op == "call_function" else f"input {n.name}", n.name,
+                                       user_location(n), "lowering/ir.py",
+                                       f"dtype {str(bad[0]).replace('torch.', '')} is not supported"))
+    return found
 
 
 def _stand_in(ctx: LoweringContext, val: Any) -> Any:

@@ -16,30 +16,17 @@ def unsupported_ops(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
     """The nodes of ``gm`` with no lowering rule (random ops run on the host and need none)."""
     from neuron_compile.lowering.locations import op_name, user_location
     from neuron_compile.lowering.registry import get_lowering, rule_file_for
-    from neuron_compile.lowering.ir import supported_dtype
-    missing = []
+    from neuron_compile.lowering.emit import unsupported_dtype_nodes
+    missing = unsupported_dtype_nodes(gm)
+    seen = {u.node for u in missing}
     for n in gm.graph.nodes:
-        bad = [v.dtype for v in _tensors(n.meta.get("val")) if not supported_dtype(v.dtype)]
-        if bad and n.op in ("placeholder", "call_function", "get_attr"):
-            missing.append(UnsupportedOp(op_name(n) if n.op == "call_function" else f"input {n.name}", n.name,
-                                         user_location(n), "lowering/ir.py",
-                                         f"dtype {str(bad[0]).replace('torch.', '')} is not supported"))
-            continue
-        if n.op != "call_function" or n.target is operator.getitem:
+        if n.name in seen or n.op != "call_function" or n.target is operator.getitem:
             continue
         if torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()):
             continue
         if get_lowering(n.target) is None:
             missing.append(UnsupportedOp(op_name(n), n.name, user_location(n), rule_file_for(n.target)))
     return missing
-
-
-def _tensors(v):
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [x for x in v if isinstance(x, torch.Tensor)]
-    return []
 
 
 @dataclass(frozen=True)
