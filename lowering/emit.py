@@ -76,7 +76,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     input_specs = [_static_spec(n) for n in placeholders]
-    bad_dtypes = unsupported_dtype_nodes(gm)
+    bad_dtypes = unrepresentable_nodes(gm)
     if bad_dtypes:
         raise UnsupportedOpsError(bad_dtypes, graph_name)
     body = FunctionBody()
@@ -220,11 +220,19 @@ def _materialized(ctx: LoweringContext, env: dict, node: torch.fx.Node) -> Any:
     return v
 
 
-def unsupported_dtype_nodes(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
-    """Nodes producing a dtype with no MLIR element type here (complex, uint64, ...)."""
+def unrepresentable_nodes(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
+    """Nodes whose values the lowering cannot represent: a dtype with no MLIR element type here
+    (complex, uint64, ...), or an output size that depends on tensor values (``nonzero``,
+    ``unique``, ``masked_select``: Dynamo records them as unbacked symbols; we compile static
+    shapes only)."""
     found = []
     for n in gm.graph.nodes:
         if n.op not in ("placeholder", "call_function", "get_attr"):
+            continue
+        if n.meta.get("unbacked_bindings"):
+            found.append(UnsupportedOp(op_name(n) if n.op == "call_function" else f"input {n.name}", n.name,
+                                       user_location(n), "lowering/emit.py",
+                                       "its output size depends on tensor values; only static shapes compile"))
             continue
         val = n.meta.get("val")
         vals = [val] if isinstance(val, torch.Tensor) else [v for v in val if isinstance(v, torch.Tensor)] \

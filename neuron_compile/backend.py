@@ -56,6 +56,52 @@ def _check_static(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> No
                 "second size make dimensions symbolic)")
 
 
+def _check_no_data_dependent_sizes(gm: torch.fx.GraphModule) -> None:
+    """Refuse, before AOTAutograd traces it, a Dynamo graph in which a value's size depends on
+    tensor values (``nonzero``, ``masked_select``, ``unique``, ``.item()`` used as a size): Dynamo
+    gives those unbacked symbols; neuron-compile compiles static shapes only.
+
+    Raises:
+        UnsupportedOpsError: listing each node that introduces such a size, with its source line.
+    """
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    from neuron_compile.errors import UnsupportedOp, UnsupportedOpsError
+    from neuron_compile.lowering.locations import user_location
+    seen: set = set()
+    found = []
+    for n in gm.graph.nodes:
+        new = set(free_unbacked_symbols(n.meta.get("example_value"))) - seen
+        if new:
+            seen |= new
+            what = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            found.append(UnsupportedOp(str(what), n.name, user_location(n), "lowering/emit.py",
+                                       "its output size depends on tensor values; only static shapes compile"))
+    if found:
+        raise UnsupportedOpsError(found, "the Dynamo graph")
+
+
+def _data_dependent_error(gm: torch.fx.GraphModule, e: BaseException):
+    """An :class:`UnsupportedOpsError` for a size that turned out to depend on tensor values while
+    AOTAutograd decomposed the graph, naming the Dynamo node being traced (found in the
+    traceback's ``fx.Interpreter.run_node`` frame) and its source line."""
+    from neuron_compile.errors import UnsupportedOp, UnsupportedOpsError
+    from neuron_compile.lowering.locations import user_location
+    nodes = set(gm.graph.nodes)
+    node = None
+    tb = e.__traceback__
+    while tb is not None:  # the innermost frame of fx.Interpreter.run_node that holds one of gm's nodes
+        cand = tb.tb_frame.f_locals.get("n")
+        node = cand if isinstance(cand, torch.fx.Node) and cand in nodes else node
+        tb = tb.tb_next
+    what = (node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))) \
+        if node is not None else "an op"
+    return UnsupportedOpsError([UnsupportedOp(
+        str(what), node.name if node is not None else "?", user_location(node) if node is not None else "?",
+        "lowering/emit.py", "its decomposition needs a size that depends on tensor values; "
+        "only static shapes compile")], "the Dynamo graph")
+
+
 def _boxed(fn: Callable[[list], list]) -> Callable[[list], list]:
     @torch._disable_dynamo
     def run(args: list) -> list:
@@ -93,6 +139,7 @@ class NeuronBackend:
                           "use options={...} (see neuron_compile.config.Config)", RuntimeWarning, stacklevel=2)
         config = resolve_config(options)
         _check_static(gm, example_inputs)
+        _check_no_data_dependent_sizes(gm)
 
         def compiler(kind: str):
             @torch._disable_dynamo  # a backward compiled inside a traced region must not be traced
@@ -104,10 +151,15 @@ class NeuronBackend:
                 return _boxed(exe)
             return compile_one
 
-        return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler("forward"),
-                                     bw_compiler=compiler("backward"),
-                                     inference_compiler=compiler("inference"),
-                                     decompositions=decomposition_table())
+        from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,
+                                                           PendingUnbackedSymbolNotFound)
+        try:
+            return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler("forward"),
+                                         bw_compiler=compiler("backward"),
+                                         inference_compiler=compiler("inference"),
+                                         decompositions=decomposition_table())
+        except (GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound) as e:
+            raise _data_dependent_error(gm, e) from e
 
     def __repr__(self) -> str:
         return "neuron_backend"

@@ -16,8 +16,8 @@ def unsupported_ops(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
     """The nodes of ``gm`` with no lowering rule (random ops run on the host and need none)."""
     from neuron_compile.lowering.locations import op_name, user_location
     from neuron_compile.lowering.registry import get_lowering, rule_file_for
-    from neuron_compile.lowering.emit import unsupported_dtype_nodes
-    missing = unsupported_dtype_nodes(gm)
+    from neuron_compile.lowering.emit import unrepresentable_nodes
+    missing = unrepresentable_nodes(gm)
     seen = {u.node for u in missing}
     for n in gm.graph.nodes:
         if n.name in seen or n.op != "call_function" or n.target is operator.getitem:

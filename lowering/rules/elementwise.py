@@ -91,6 +91,18 @@ def lower_fmod(ctx: LoweringContext, a, b) -> TensorValue:
     return _pointwise(ctx, fn, a, b)
 
 
+@register_lowering(aten.atan2.default)
+def lower_atan2(ctx: LoweringContext, a, b) -> TensorValue:
+    """``atan2(a, b)`` in the promoted float dtype (``math.atan2``, libm ``atan2f``)."""
+    return _pointwise(ctx, lambda s, x, y: s._bin("math.atan2", None, x, y), a, b)
+
+
+@register_lowering(aten.copysign.Tensor, aten.copysign.Scalar)
+def lower_copysign(ctx: LoweringContext, a, b) -> TensorValue:
+    """``|a|`` with the sign bit of ``b`` (``math.copysign``), in the promoted float dtype."""
+    return _pointwise(ctx, lambda s, x, y: s._bin("math.copysign", None, x, y), a, b)
+
+
 @register_lowering(aten.maximum.default)
 def lower_maximum(ctx: LoweringContext, a, b) -> TensorValue:
     return _pointwise(ctx, lambda s, x, y: s.maximum(x, y), a, b)
@@ -217,7 +229,10 @@ _UNARY_MATH = {
     aten.sin.default: "math.sin", aten.cos.default: "math.cos", aten.floor.default: "math.floor",
     aten.ceil.default: "math.ceil", aten.trunc.default: "math.trunc", aten.log1p.default: "math.log1p",
     aten.expm1.default: "math.expm1", aten.exp2.default: "math.exp2", aten.log2.default: "math.log2",
-    aten.round.default: "math.roundeven",
+    aten.round.default: "math.roundeven", aten.acos.default: "math.acos", aten.asin.default: "math.asin",
+    aten.atan.default: "math.atan", aten.acosh.default: "math.acosh", aten.asinh.default: "math.asinh",
+    aten.atanh.default: "math.atanh", aten.cosh.default: "math.cosh", aten.sinh.default: "math.sinh",
+    aten.tan.default: "math.tan", aten.log10.default: "math.log10", aten.erfc.default: "math.erfc",
 }
 
 

@@ -154,3 +154,24 @@ def test_ops_only_producing_views_of_inputs_need_no_rule():
     outs = nc(lambda t: t.chunk(3))(x)
     for got, exp in zip(outs, x.chunk(3)):
         torch.testing.assert_close(got, exp)
+
+
+def _nonzero_rows(t):
+    return torch.nonzero(t > 0) * 2
+
+
+def _split_at_values(t, at):
+    return torch.tensor_split(t, at, dim=1)[0] + 1
+
+
+@pytest.mark.parametrize("fn, args, op", [
+    (_nonzero_rows, (torch.randn(4, 3),), "nonzero"),                             # size seen by Dynamo
+    (_split_at_values, (torch.randn(3, 6), torch.tensor([1, 4])), "tensor_split"),  # seen by AOTAutograd
+])
+def test_data_dependent_size_is_a_clean_refusal_naming_the_call(fn, args, op):
+    with pytest.raises(Exception) as info:
+        nc(fn, fullgraph=True)(*args)
+    err = unwrap(info.value, UnsupportedOpsError)
+    assert [u.op for u in err.ops] == [op]
+    assert "depends on tensor values" in err.ops[0].reason
+    assert err.ops[0].location.startswith(f"{__file__}:")

@@ -1,0 +1,230 @@
+"""Run PyTorch's OpInfo samples through ``backend="neuron"`` and classify each against eager.
+
+One *case* is an (OpInfo, dtype) pair; it runs some of the OpInfo's CPU sample inputs. Each sample
+is compiled with ``torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)`` and compared
+with eager PyTorch on the same inputs (cloned, same RNG seed). A sample's outcome is one of:
+
+- ``pass``: the compiled result equals eager within the OpInfo's tolerances;
+- ``unsupported``: compilation raised :class:`~neuron_compile.errors.UnsupportedOpsError`, a clean
+  refusal naming the ATen ops without a lowering rule;
+- ``dynamo``: Dynamo refused to capture the call under ``fullgraph=True`` (a graph break, or an
+  internal Dynamo error); our backend was never called;
+- ``wrong`` (a result differs from eager), ``crash`` (any other error) or ``hang`` (a sample ran
+  longer than :data:`SAMPLE_TIMEOUT_S`): never acceptable.
+
+This mirrors how PyTorch tests Inductor (``test/inductor/test_torchinductor_opinfo.py``).
+"""
+from __future__ import annotations
+
+import signal
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.common_device_type import toleranceOverride
+from torch.utils._pytree import tree_map
+
+from neuron_compile.errors import NeuronCompileError, UnsupportedOpsError
+
+F32, I64, BOOL = torch.float32, torch.int64, torch.bool
+DTYPES = (F32, I64, BOOL)
+SAMPLE_TIMEOUT_S = 300
+OUTCOMES = ("pass", "unsupported", "dynamo", "wrong", "crash", "hang")
+# How far a case's outcome is from a pass: a case's outcome is its worst sample's.
+SEVERITY = {"pass": 0, "unsupported": 1, "dynamo": 2}
+
+
+
+def op_id(op) -> str:
+    """``name`` or ``name.variant`` (the OpInfo's unique name in ``op_db``)."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+_BY_ID = {op_id(op): op for op in op_db}
+
+
+def op_db_by_id(name: str):
+    """The OpInfo whose :func:`op_id` is ``name`` (``KeyError`` when op_db has none)."""
+    return _BY_ID[name]
+
+
+def op(name: str, variant: str = ""):
+    """The OpInfo object named ``name`` (and ``variant``). Raises ``KeyError`` when op_db has none,
+    so a stale expectation fails loudly instead of silently matching nothing."""
+    return _BY_ID[f"{name}.{variant}" if variant else name]
+
+
+def _definition_families() -> dict[int, str]:
+    from torch.testing._internal.opinfo.definitions import fft, linalg, signal as sig, special
+    out = {}
+    for fam, mod in (("linalg", linalg), ("special", special), ("fft", fft), ("signal", sig)):
+        out.update({id(o): fam for o in mod.op_db})
+    return out
+
+
+_FAMILY = _definition_families()
+_CLASS_FAMILY = {"UnaryUfuncInfo": "unary", "BinaryUfuncInfo": "binary", "ReductionOpInfo": "reduction",
+                 "ShapeFuncInfo": "shape", "SpectralFuncInfo": "fft"}
+
+
+def family(opinfo) -> str:
+    """A coarse family for the coverage table: the op_db module it comes from (linalg, special,
+    fft, signal), ``masked.*``/``nn.functional.*`` by name, else the OpInfo class (unary, binary,
+    reduction, shape), else ``other``."""
+    if id(opinfo) in _FAMILY:
+        return _FAMILY[id(opinfo)]
+    for prefix in ("masked.", "nn.functional.", "linalg.", "special.", "fft."):
+        if opinfo.name.startswith(prefix):
+            return prefix[:-1]
+    return _CLASS_FAMILY.get(type(opinfo).__name__, "other")
+
+
+def cases(dtypes=DTYPES) -> list[tuple[object, torch.dtype]]:
+    """Every (OpInfo, dtype) whose op supports ``dtype`` on CPU, in op_db order."""
+    return [(o, d) for o in op_db for d in dtypes if d in o.supported_dtypes("cpu")]
+
+
+def in_ci_sample(opinfo, dtype) -> bool:
+    """The deterministic CI subset: every float32 case, and int64/bool for a third of the ops
+    (chosen by a CRC of the op's name, so the subset never changes between runs)."""
+    return dtype == F32 or zlib.crc32(op_id(opinfo).encode()) % 3 == 0
+
+
+def tolerances(opinfo, dtype) -> tuple[float | None, float | None]:
+    """(rtol, atol): the largest ``toleranceOverride`` the OpInfo declares for ``dtype`` over its
+    decorators, never below ``assert_close``'s defaults for ``dtype``; ``(None, None)`` (so
+    ``assert_close`` picks its defaults per *result* dtype) when it declares none."""
+    from torch.testing._comparison import default_tolerances
+    found = [dec.d[dtype] for info in opinfo.decorators for dec in getattr(info, "decorators", [info])
+             if isinstance(dec, toleranceOverride) and dtype in dec.d]
+    if not found:
+        return None, None
+    rtol, atol = default_tolerances(dtype)
+    return max([rtol] + [t.rtol for t in found]), max([atol] + [t.atol for t in found])
+
+
+@dataclass
+class SampleResult:
+    """The outcome of one sample and, for anything but a pass, a one-line reason."""
+    outcome: str
+    detail: str = ""
+
+
+@dataclass
+class CaseResult:
+    """Outcomes of the samples one case ran, and whether those were all of its samples."""
+    samples: list[SampleResult] = field(default_factory=list)
+    complete: bool = True
+
+    def counts(self) -> dict[str, int]:
+        return {k: sum(s.outcome == k for s in self.samples) for k in OUTCOMES}
+
+    def outcome(self) -> str:
+        """The worst acceptable outcome over the samples (``pass`` when there were none)."""
+        ok = [s.outcome for s in self.samples if s.outcome in SEVERITY]
+        return max(ok, key=SEVERITY.__getitem__, default="pass")
+
+    def failures(self) -> list[str]:
+        return [f"sample {i}: {s.outcome}: {s.detail}" for i, s in enumerate(self.samples)
+                if s.outcome not in SEVERITY]
+
+
+def _clone(x):
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
+
+
+def classify(e: BaseException) -> SampleResult:
+    """Map an exception from a compiled call to ``unsupported``, ``dynamo`` or ``crash``."""
+    from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError, Unsupported, UserError
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    chain = list(_chain(e))
+    for inner in chain:
+        if isinstance(inner, UnsupportedOpsError):
+            return SampleResult("unsupported", ",".join(sorted({u.op for u in inner.ops})))
+    if not isinstance(e, BackendCompilerFailed) and isinstance(
+            e, (Unsupported, UserError, GuardOnDataDependentSymNode, InternalTorchDynamoError)):
+        return SampleResult("dynamo", _one_line(e))
+    inner = next((x for x in chain if isinstance(x, NeuronCompileError)), chain[-1])
+    return SampleResult("crash", _one_line(inner))
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def run_sample(opinfo, dtype, sample) -> SampleResult | None:
+    """Compile and run one sample; compare with eager. ``None`` when eager itself raises."""
+    args, kwargs = (sample.input, *sample.args), sample.kwargs
+    fn = opinfo.op
+
+    def call(*a, **k):
+        return fn(*a, **k)
+
+    try:
+        torch.manual_seed(0)
+        expected = call(*_clone(args), **_clone(kwargs))
+    except Exception:
+        return None
+    torch._dynamo.reset()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(SAMPLE_TIMEOUT_S)
+    try:
+        compiled = torch.compile(call, backend="neuron", fullgraph=True, dynamic=False)
+        torch.manual_seed(0)
+        got = compiled(*_clone(args), **_clone(kwargs))
+    except _Timeout:
+        return SampleResult("hang", f"no result after {SAMPLE_TIMEOUT_S} s")
+    except Exception as e:  # noqa: BLE001 - every failure is classified, none is hidden
+        return classify(e)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return compare(opinfo, dtype, got, expected)
+
+
+def compare(opinfo, dtype, got, expected) -> SampleResult:
+    """``pass`` when ``got`` matches ``expected`` (values, dtypes, NaN positions), else ``wrong``."""
+    rtol, atol = tolerances(opinfo, dtype)
+    try:
+        if opinfo.has_nondeterministic_output or opinfo.skip_correctness_check_compile_vs_eager:
+            # uninitialised memory (empty*) or random values: only shapes and dtypes can match
+            torch.testing.assert_close(tree_map(_meta, got), tree_map(_meta, expected))
+        else:
+            torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+    except (AssertionError, TypeError, ValueError) as e:
+        return SampleResult("wrong", " ".join(str(e).split())[:300])
+    return SampleResult("pass")
+
+
+def _meta(x):
+    return torch.empty(x.shape, dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+
+
+def run_case(opinfo, dtype, max_samples: int | None = None) -> CaseResult:
+    """Run the first ``max_samples`` samples of a case (all when ``None``)."""
+    result = CaseResult()
+    for i, sample in enumerate(opinfo.sample_inputs("cpu", dtype)):
+        if max_samples is not None and i >= max_samples:
+            result.complete = False
+            break
+        r = run_sample(opinfo, dtype, sample)
+        if r is not None:
+            result.samples.append(r)
+    return result
