@@ -18,7 +18,7 @@ LoweringRule = Callable[..., object]
 _RULES: dict[torch._ops.OpOverload, LoweringRule] = {}
 _KINDS: dict[torch._ops.OpOverload, str] = {}
 FUSION_KINDS = ("pointwise", "reduction", "matmul", "opaque")
-_FAMILIES = ("elementwise", "reduction", "matmul", "shape", "indexing", "creation", "conv")
+_FAMILIES = ("elementwise", "reduction", "matmul", "shape", "indexing", "creation", "conv", "sorting")
 _loaded = False
 
 

@@ -35,9 +35,24 @@ EXTRA_REFERENCE: dict[object, str] = {
     aten._native_batch_norm_legit: "functional form: batch statistics, new running stats as outputs",
     aten.native_batch_norm: "dispatches to the _legit forms above",
     aten._adaptive_avg_pool2d: "windowed sums by index gathers, divided by the window sizes",
-    aten._adaptive_avg_pool2d_backward: "the matching scatter of the gradient",
     aten.max_pool2d_with_indices: "windows gathered with indices, max and argmax over each",
     aten.max_pool2d_with_indices_backward: "gradient scattered to the argmax positions",
+    aten.max_pool3d_with_indices: "as the 2d form: windows gathered with indices, max and argmax",
+    aten.adaptive_max_pool2d: "amax/argmax for global pooling, else max_pool2d over computed windows",
+    aten.ldexp.Tensor: "a * 2**b",
+    aten.diagonal: "as_strided view of the diagonal",
+    aten.as_strided_copy: "as_strided + clone",
+    aten.narrow_copy: "slice + clone",
+    aten.view_copy: "view + clone",
+    aten.permute_copy: "permute + clone",
+    aten.unbind_copy: "unbind + clone",
+    aten.unfold: "windows gathered by index arithmetic",
+    aten.addmv: "beta * self + alpha * (mat @ vec)",
+    aten.dist: "vector norm of the difference",
+    aten.upsample_bilinear2d: "gathers of the four neighbours and lerps (align_corners as eager)",
+    aten.upsample_nearest2d.vec: "index gathers",
+    aten.upsample_bicubic2d: "gathers of the 4x4 neighbourhood with cubic weights",
+    aten.grid_sampler_2d: "gathers at the sampling points with bilinear/nearest weights",
 }
 
 
@@ -89,7 +104,41 @@ def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropou
     return grad_q, grad_k, grad_v
 
 
+def _order_statistic(x: torch.Tensor, dim: int, keepdim: bool, pick):
+    """(values, indices) at position ``pick(n, nan_count)`` of ``x`` sorted stably along ``dim``
+    (NaN last, so the first NaN sits at ``n - nan_count``)."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    dim = dim % x.dim()
+    values, indices = aten.sort.default(x, dim)
+    n = x.shape[dim]
+    nans = x.isnan().sum(dim, keepdim=True) if x.is_floating_point() else torch.zeros_like(x, dtype=torch.int64).sum(dim, keepdim=True)
+    pos = pick(n, nans)
+    values, indices = values.gather(dim, pos), indices.gather(dim, pos)
+    return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
+
+
+def _median_dim(x, dim=-1, keepdim=False):
+    """Lower median along ``dim``; NaN (and a NaN's index) if the slice holds one, as ATen."""
+    return _order_statistic(x, dim, keepdim, lambda n, nans: torch.where(nans > 0, n - nans, (n - 1) // 2))
+
+
+def _nanmedian_dim(x, dim=-1, keepdim=False):
+    """Lower median of the non-NaN values along ``dim`` (NaN if all are NaN)."""
+    return _order_statistic(x, dim, keepdim, lambda n, nans: ((n - nans - 1) // 2).clamp_min(0))
+
+
+def _kthvalue(x, k, dim=-1, keepdim=False):
+    """The k-th smallest (1-based) along ``dim``, NaN counting as the largest."""
+    return _order_statistic(x, dim, keepdim, lambda n, nans: torch.full_like(nans, k - 1))
+
+
 OURS: dict[object, tuple[Callable, str]] = {
+    aten.median.dim: (_median_dim, "stable sort, then the element at the lower-median position"),
+    aten.median.default: (lambda x: _median_dim(x.reshape(-1), 0)[0], "median of the flattened input"),
+    aten.nanmedian.dim: (_nanmedian_dim, "stable sort (NaN last), lower median of the non-NaN prefix"),
+    aten.nanmedian.default: (lambda x: _nanmedian_dim(x.reshape(-1), 0)[0], "nanmedian of the flattened input"),
+    aten.kthvalue.default: (_kthvalue, "stable sort, then the element at position k - 1"),
     aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
         _sdpa_flash_cpu_backward, "FlashAttention backward as matmuls (the forward is in the core table)"),

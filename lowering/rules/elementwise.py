@@ -103,6 +103,33 @@ def lower_copysign(ctx: LoweringContext, a, b) -> TensorValue:
     return _pointwise(ctx, lambda s, x, y: s._bin("math.copysign", None, x, y), a, b)
 
 
+@register_lowering(aten.fmax.default)
+def lower_fmax(ctx: LoweringContext, a, b) -> TensorValue:
+    """Maximum that ignores a NaN operand (C ``fmax``; ``arith.maxnumf``), NaN only if both are."""
+    return _pointwise(ctx, lambda s, x, y: s._bin("arith.maxnumf", "arith.maxsi", x, y, uop="arith.maxui"), a, b)
+
+
+@register_lowering(aten.fmin.default)
+def lower_fmin(ctx: LoweringContext, a, b) -> TensorValue:
+    """Minimum that ignores a NaN operand (C ``fmin``; ``arith.minnumf``)."""
+    return _pointwise(ctx, lambda s, x, y: s._bin("arith.minnumf", "arith.minsi", x, y, uop="arith.minui"), a, b)
+
+
+@register_lowering(aten.hypot.default)
+def lower_hypot(ctx: LoweringContext, a, b) -> TensorValue:
+    """``sqrt(a² + b²)`` without intermediate overflow: ``m·sqrt(1 + (n/m)²)`` with m = max(|a|,|b|),
+    n = min; ±inf in either operand gives +inf even when the other is NaN (C ``hypot``)."""
+    def fn(s, x, y):
+        ax, ay = s.abs(x), s.abs(y)
+        m, n = s.maximum(ax, ay), s.minimum(ax, ay)
+        zero, one = s.const(0.0, x.dtype), s.const(1.0, x.dtype)
+        r = s.div(n, s.select(s.cmp("eq", m, zero), one, m))
+        h = s.mul(m, s.sqrt(s.add(one, s.mul(r, r))))
+        inf = s.const(float("inf"), x.dtype)
+        return s.select(s.logical_or(s.cmp("eq", ax, inf), s.cmp("eq", ay, inf)), inf, h)
+    return _pointwise(ctx, fn, a, b)
+
+
 @register_lowering(aten.maximum.default)
 def lower_maximum(ctx: LoweringContext, a, b) -> TensorValue:
     return _pointwise(ctx, lambda s, x, y: s.maximum(x, y), a, b)
@@ -286,6 +313,33 @@ def lower_sign(ctx: LoweringContext, a) -> TensorValue:
         pos = s.cast(s.cmp("gt", x, zero), x.dtype)
         neg = s.cast(s.cmp("lt", x, zero), x.dtype)
         return s.sub(pos, neg)
+    return _pointwise(ctx, fn, a)
+
+
+@register_lowering(aten.signbit.default)
+def lower_signbit(ctx: LoweringContext, a) -> TensorValue:
+    """Whether the sign bit is set (so ``signbit(-0.0)`` is true): the float's bits as a signed
+    integer, compared with 0; ``x < 0`` for integers."""
+    def fn(s, x):
+        if x.dtype == torch.bool or x.dtype in UNSIGNED:
+            return s.const(False, torch.bool)
+        if not x.dtype.is_floating_point:
+            return s.cmp("lt", x, s.const(0, x.dtype))
+        idt = {16: torch.int16, 32: torch.int32, 64: torch.int64}[x.dtype.itemsize * 8]
+        bits = s._emit(f"arith.bitcast {x.name} : {x.type} to i{x.dtype.itemsize * 8}", idt)
+        return s.cmp("lt", bits, s.const(0, idt))
+    return _pointwise(ctx, fn, a, compute=a.dtype)
+
+
+@register_lowering(aten.round.decimals)
+def lower_round_decimals(ctx: LoweringContext, a, *, decimals=0) -> TensorValue:
+    """Round half to even at ``decimals`` digits: ``round(x·10^d)/10^d`` (d ≥ 0) or
+    ``round(x/10^-d)·10^-d`` (d < 0), as ATen's CPU kernel."""
+    def fn(s, x):
+        ten = s.const(10.0 ** abs(decimals), x.dtype)
+        if decimals >= 0:
+            return s.div(s.unary("math.roundeven", s.mul(x, ten)), ten)
+        return s.mul(s.unary("math.roundeven", s.div(x, ten)), ten)
     return _pointwise(ctx, fn, a)
 
 
