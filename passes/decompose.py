@@ -14,6 +14,8 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from neuron_compile.passes import separable
+
 aten = torch.ops.aten
 
 # Reference decompositions from torch._decomp that are not in the core table.
@@ -139,6 +141,17 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.nanmedian.dim: (_nanmedian_dim, "stable sort (NaN last), lower median of the non-NaN prefix"),
     aten.nanmedian.default: (lambda x: _nanmedian_dim(x.reshape(-1), 0)[0], "nanmedian of the flattened input"),
     aten.kthvalue.default: (_kthvalue, "stable sort, then the element at position k - 1"),
+    aten.avg_pool2d.default: (separable.avg_pool(2), "window-weight matrix per spatial dim, as matmuls"),
+    aten.avg_pool3d.default: (separable.avg_pool(3), "window-weight matrix per spatial dim, as matmuls"),
+    aten.avg_pool2d_backward.default: (separable.avg_pool_backward(2), "the transposed window matrices"),
+    aten.avg_pool3d_backward.default: (separable.avg_pool_backward(3), "the transposed window matrices"),
+    aten._adaptive_avg_pool2d_backward.default: (separable.adaptive_avg_pool_backward(2),
+                                                 "the transposed adaptive window matrices"),
+    aten._adaptive_avg_pool3d_backward.default: (separable.adaptive_avg_pool_backward(3),
+                                                 "the transposed adaptive window matrices"),
+    aten.replication_pad1d_backward.default: (separable.replication_pad_backward(1), "one-hot clamp matrix, transposed"),
+    aten.replication_pad2d_backward.default: (separable.replication_pad_backward(2), "one-hot clamp matrix, transposed"),
+    aten.replication_pad3d_backward.default: (separable.replication_pad_backward(3), "one-hot clamp matrix, transposed"),
     aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
         _sdpa_flash_cpu_backward, "FlashAttention backward as matmuls (the forward is in the core table)"),

@@ -19,6 +19,15 @@ CASES = {
     "isinf": (lambda t: torch.isinf(t / (t > 0).float()).float() + t, (4, 6)),
     "elu_hardtanh_leaky_relu": (lambda t: F.elu(t) + F.hardtanh(t) + F.leaky_relu(t, 0.1), (4, 6)),
     "group_norm": (lambda t: F.group_norm(t, 2), (2, 4, 5, 5)),
+    "avg_pool2d": (lambda t: F.avg_pool2d(t, 3, 2, 1, ceil_mode=True, count_include_pad=False)
+                   + F.avg_pool2d(t, 2, 2, 1, divisor_override=3), (2, 3, 7, 7)),
+    "avg_pool1d_3d": (lambda t: F.avg_pool1d(t.flatten(2), 3).sum() + F.avg_pool3d(t.unsqueeze(0), 2, 1).sum(),
+                      (2, 3, 5, 5)),
+    "adaptive_avg_pool2d_to_3x2": (lambda t: F.adaptive_avg_pool2d(t, (3, 2)), (2, 3, 7, 5)),
+    "replicate_pad": (lambda t: F.pad(t, (2, 1, 1, 3), mode="replicate") * 2
+                      + F.pad(t.flatten(2), (3, 1), mode="replicate").sum(), (2, 3, 4, 5)),
+    "sort_topk": (lambda t: t.sort(-1, descending=True)[0] + t.topk(6, 0)[0].sum(), (7, 6)),
+    "median_kthvalue": (lambda t: t.median(0)[0] + t.kthvalue(2, 0)[0] + t.nanmedian(), (5, 6)),
 }
 
 

@@ -1,0 +1,114 @@
+"""Decompositions of pooling and padding ops that act on each spatial dimension separately.
+
+Average pooling, adaptive average pooling and replication padding are linear maps that factor
+per spatial dimension: along a dimension of length ``n`` each is an ``(n_out, n)`` matrix ``M``
+(window weights, or a one-hot "which input feeds this output"), and the nd op applies one matrix
+per dimension. So the forward is ``M @ x`` along each dimension and the backward is ``Mᵀ @ g``: a
+few small matmuls we already lower, with the matrices built at trace time as constants.
+Window arithmetic follows ATen's CPU kernels (``AvgPoolKernel.cpp``, ``AdaptiveAvgPoolKernel.cpp``,
+``ReplicationPadding.cpp``, ``pooling_output_shape`` in ``Pool.h``).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _along(x: torch.Tensor, dim: int, m: torch.Tensor) -> torch.Tensor:
+    """``M @ x`` contracted along ``dim`` of ``x`` (``m``: (n_out, n_in))."""
+    return torch.movedim(torch.movedim(x, dim, -1) @ m.to(x.dtype).t(), -1, dim)
+
+
+def _band(start: torch.Tensor, end: torch.Tensor, n: int, weight: torch.Tensor) -> torch.Tensor:
+    """(n_out, n) float64 matrix: row i holds ``weight[i]`` on columns [start[i], end[i]).
+
+    Built from ``arange`` and comparisons (not element writes or ``torch.tensor`` of Python data)
+    so that tracing records functional ops."""
+    j = torch.arange(n)[None, :]
+    inside = (j >= start[:, None]) & (j < end[:, None])
+    return inside.to(torch.float64) * weight[:, None].to(torch.float64)
+
+
+def _pool_out(n: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
+    o = (n + 2 * p - (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    return o - 1 if ceil_mode and (o - 1) * s >= n + p else o
+
+
+def _avg_pool_matrix(n: int, k: int, s: int, p: int, ceil_mode: bool, count_include_pad: bool,
+                     divided: bool) -> torch.Tensor:
+    start = torch.arange(_pool_out(n, k, s, p, ceil_mode)) * s - p
+    end = torch.clamp(start + k, max=n + p)
+    pool = end - start
+    start, end = start.clamp(min=0), end.clamp(max=n)
+    count = pool if count_include_pad else end - start
+    return _band(start, end, n, 1.0 / count if divided else torch.ones_like(count))
+
+
+def _expand(v, nd: int) -> list[int]:
+    v = [v] if isinstance(v, int) else list(v)
+    return v * nd if len(v) == 1 else v
+
+
+def _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    k, p = _expand(kernel_size, nd), _expand(padding, nd)
+    s = _expand(stride, nd) if stride else k
+    spatial = x.shape[-nd:]
+    return [_avg_pool_matrix(spatial[i], k[i], s[i], p[i], ceil_mode, count_include_pad,
+                             divisor_override is None) for i in range(nd)]
+
+
+def _apply(x, mats, transpose: bool):
+    nd = len(mats)
+    for i, m in enumerate(mats):
+        x = _along(x, x.dim() - nd + i, m.t() if transpose else m)
+    return x
+
+
+def avg_pool(nd: int):
+    """``avg_poolNd(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)``."""
+    def fn(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        mats = _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                  divisor_override)
+        out = _apply(x, mats, transpose=False)
+        return out / divisor_override if divisor_override is not None else out
+    return fn
+
+
+def avg_pool_backward(nd: int):
+    """``avg_poolNd_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+    count_include_pad, divisor_override)``: the transposed window matrices."""
+    def fn(grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+        mats = _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                  divisor_override)
+        g = _apply(grad_output, mats, transpose=True)
+        return g / divisor_override if divisor_override is not None else g
+    return fn
+
+
+def _adaptive_matrix(n: int, o: int) -> torch.Tensor:
+    i = torch.arange(o)
+    start, end = (i * n) // o, ((i + 1) * n + o - 1) // o
+    return _band(start, end, n, 1.0 / (end - start))
+
+
+def adaptive_avg_pool_backward(nd: int):
+    """``_adaptive_avg_poolNd_backward(grad_output, self)``: windows [⌊i·n/o⌋, ⌈(i+1)·n/o⌉)."""
+    def fn(grad_output, x):
+        mats = [_adaptive_matrix(x.shape[-nd + i], grad_output.shape[-nd + i]) for i in range(nd)]
+        return _apply(grad_output, mats, transpose=True)
+    return fn
+
+
+def replication_pad_backward(nd: int):
+    """``replication_padNd_backward(grad_output, self, padding)``: output i reads input
+    ``clamp(i - pad_before, 0, n - 1)``; the gradient sums back through that one-hot matrix.
+    ``padding`` lists (before, after) pairs from the last dimension backwards, as ``F.pad``."""
+    def fn(grad_output, x, padding):
+        mats = []
+        for i in range(nd):
+            d = x.dim() - nd + i
+            before = padding[2 * (nd - 1 - i)]
+            n, o = x.shape[d], grad_output.shape[d]
+            src = torch.clamp(torch.arange(o) - before, 0, n - 1)
+            mats.append(_band(src, src + 1, n, torch.ones(o)))
+        return _apply(grad_output, mats, transpose=True)
+    return fn
