@@ -11,11 +11,12 @@ from tests.conftest import neuron_compile
 
 
 def train_side_by_side(model: torch.nn.Module, steps: int, batch: Callable[[torch.Generator], tuple],
-                       lr: float = 1e-2) -> tuple[torch.nn.Module, torch.nn.Module]:
+                       lr: float = 1e-2, **compile_kw) -> tuple[torch.nn.Module, torch.nn.Module]:
     """AdamW + cross-entropy for ``steps`` on a compiled copy and an eager copy of ``model``, same
-    batches, same random seed per step (dropout masks). Returns (ours, eager) for comparison."""
+    batches, same random seed per step (dropout masks). Returns (ours, eager) for comparison.
+    ``compile_kw`` go to ``torch.compile`` (e.g. ``fullgraph=True``)."""
     eager = copy.deepcopy(model)
-    compiled = neuron_compile(model)
+    compiled = neuron_compile(model, **compile_kw)
     opts = [(compiled, torch.optim.AdamW(model.parameters(), lr=lr)),
             (eager, torch.optim.AdamW(eager.parameters(), lr=lr))]
     gen = torch.Generator().manual_seed(1)

@@ -19,7 +19,12 @@ def _model(name: str):
     if name == "gpt2":
         cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
                                       bos_token_id=0, eos_token_id=0)
-        return transformers.GPT2LMHeadModel(cfg)
+        model = transformers.GPT2LMHeadModel(cfg)
+        # transformers derives the loss from the class name, finds no "LMHead" loss and logs a
+        # warning_once on every call, a Dynamo graph break under fullgraph=True; naming the loss
+        # (as transformers' own warning suggests) removes the warning, not any computation
+        model.loss_type = "ForCausalLM"
+        return model
     if name == "bert":
         cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                       intermediate_size=128, vocab_size=128, max_position_embeddings=32)
@@ -43,18 +48,17 @@ def test_inference_matches_eager(name):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["bert", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
 def test_training_step_matches_eager(name):
     ours = _model(name).train()
     eager = copy.deepcopy(ours)
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
     torch.manual_seed(2)
-    loss = _compile(ours)(input_ids=ids, labels=ids, use_cache=False).loss if name == "llama" else \
-        _compile(ours)(input_ids=ids, labels=ids).loss
+    kwargs = {} if name == "bert" else {"use_cache": False}
+    loss = _compile(ours)(input_ids=ids, labels=ids, **kwargs).loss
     loss.backward()
     torch.manual_seed(2)
-    ref = eager(input_ids=ids, labels=ids, use_cache=False).loss if name == "llama" else \
-        eager(input_ids=ids, labels=ids).loss
+    ref = eager(input_ids=ids, labels=ids, **kwargs).loss
     ref.backward()
     torch.testing.assert_close(loss, ref, rtol=1e-4, atol=1e-5)
     for (pname, p), q in zip(ours.named_parameters(), eager.parameters()):
