@@ -135,7 +135,37 @@ def _kthvalue(x, k, dim=-1, keepdim=False):
     return _order_statistic(x, dim, keepdim, lambda n, nans: torch.full_like(nans, k - 1))
 
 
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    """Pairwise p-norm distances, [..., P, M] × [..., R, M] → [..., P, R], as ATen's CPU kernel:
+    for p = 2 with more than 25 rows (or compute_mode 1) it uses the matmul form
+    ``sqrt(clamp(|a|² - 2a·b + |b|², 0))`` (``_euclidean_dist``), else differences directly."""
+    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and (x1.shape[-2] > 25 or x2.shape[-2] > 25))):
+        n1, n2 = x1.pow(2).sum(-1, keepdim=True), x2.pow(2).sum(-1, keepdim=True)
+        a = torch.cat([x1.mul(-2), n1, torch.ones_like(n1)], -1)
+        b = torch.cat([x2, torch.ones_like(n2), n2], -1)
+        return a.matmul(b.mT).clamp_min(0).sqrt()
+    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (diff != 0).sum(-1).to(x1.dtype)
+    if p == float("inf"):
+        return diff.amax(-1)
+    if p == 1:
+        return diff.sum(-1)
+    if p == 2:
+        return diff.pow(2).sum(-1).sqrt()
+    return diff.pow(p).sum(-1).pow(1.0 / p)
+
+
+def _put(x, index, source, accumulate=False):
+    """``Tensor.put``: writes (or adds) ``source`` at flat positions ``index`` of ``x``."""
+    flat = x.reshape(-1)
+    idx = torch.where(index.reshape(-1) < 0, index.reshape(-1) + flat.numel(), index.reshape(-1))
+    return flat.index_put((idx,), source.reshape(-1), accumulate).view_as(x)
+
+
 OURS: dict[object, tuple[Callable, str]] = {
+    aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
+    aten.put.default: (_put, "index_put on the flattened tensor"),
     aten.median.dim: (_median_dim, "stable sort, then the element at the lower-median position"),
     aten.median.default: (lambda x: _median_dim(x.reshape(-1), 0)[0], "median of the flattened input"),
     aten.nanmedian.dim: (_nanmedian_dim, "stable sort (NaN last), lower median of the non-NaN prefix"),

@@ -250,3 +250,72 @@ def lower_cumsum(ctx: LoweringContext, x, dim, *, dtype=None):
 @register_lowering(aten.cumprod.default)
 def lower_cumprod(ctx: LoweringContext, x, dim, *, dtype=None):
     return _scan(ctx, x, dim, "prod")
+
+
+def _scan_extreme(ctx: LoweringContext, x, dim: int, kind: str):
+    """``cummax``/``cummin`` along ``dim``: (values, int64 indices), O(n²) like :func:`_scan`.
+    As ATen's ``cummax_cummin_helper``: a later element replaces the running best when it is
+    NaN, or when the best is not NaN and the element is ``>=`` (``<=``) it, so ties and NaNs
+    report their latest index."""
+    x = ctx.materialize(x)
+    if x.rank == 0:
+        return x, ctx.fill((), torch.int64, 0)
+    dim, r = dim % x.rank, x.rank
+    x_map = affine_map(r + 1, [f"d{r}" if d == dim else f"d{d}" for d in range(r)])
+    out_map = affine_map(r + 1, [f"d{d}" for d in range(r)])
+    inits = [ctx.fill(x.shape, x.dtype, 0), ctx.fill(x.shape, torch.int64, 0)]
+
+    def body(b, args):
+        v, best, best_i = args
+        j, i = b.index(r), b.index(dim)
+        upd = b.cmp("ge" if kind == "max" else "le", v, best)
+        if x.dtype.is_floating_point:
+            v_nan = b._emit(f"arith.cmpf uno, {v.name}, {v.name} : {v.type}", torch.bool)
+            best_nan = b._emit(f"arith.cmpf uno, {best.name}, {best.name} : {best.type}", torch.bool)
+            upd = b.logical_or(v_nan, b.logical_and(b.logical_not(best_nan), upd))
+        upd = b.logical_or(upd, b.cmp("eq", j, b.const(0, torch.int64)))
+        upd = b.logical_and(upd, b.cmp("le", j, i))
+        return [b.select(upd, v, best), b.select(upd, j, best_i)]
+    return tuple(ctx.generic_multi([x], [x_map], inits, [out_map, out_map],
+                                   ["parallel"] * r + ["reduction"], body))
+
+
+@register_lowering(aten.cummax.default)
+def lower_cummax(ctx: LoweringContext, x, dim):
+    return _scan_extreme(ctx, x, dim, "max")
+
+
+@register_lowering(aten.cummin.default)
+def lower_cummin(ctx: LoweringContext, x, dim):
+    return _scan_extreme(ctx, x, dim, "min")
+
+
+@register_lowering(aten.logcumsumexp.default)
+def lower_logcumsumexp(ctx: LoweringContext, x, dim):
+    """``log Σ_{j ≤ i} exp(x_j)`` along ``dim``, shifted by the running maximum m_i for stability
+    (m_i taken as 0 when infinite, so all -inf gives -inf and any +inf gives +inf)."""
+    shape, dtype = ctx.out_spec()
+    x = ctx.materialize(ctx.cast(x, dtype))
+    if x.rank == 0:
+        return x
+    dim, r = dim % x.rank, x.rank
+    x_map = affine_map(r + 1, [f"d{r}" if d == dim else f"d{d}" for d in range(r)])
+    out_map = affine_map(r + 1, [f"d{d}" for d in range(r)])
+    its = ["parallel"] * r + ["reduction"]
+
+    def running_max(b, args):
+        v, m = args
+        return b.select(b.cmp("le", b.index(r), b.index(dim)), b.maximum(v, m), m)
+    m = ctx.generic([x], [x_map], ctx.fill(shape, dtype, -math.inf), out_map, its, running_max)
+    m = ctx.elementwise(lambda s, v: s.select(s.cmp("eq", s.abs(v), s.const(math.inf, dtype)),
+                                              s.const(0.0, dtype), v), [m], shape, dtype)
+    m = ctx.materialize(m)
+    acc = _acc_dtype(dtype)
+
+    def sum_exp(b, args):
+        v, mi, a = args
+        e = b.cast(b.exp(b.sub(v, mi)), acc)
+        return b.add(a, b.select(b.cmp("le", b.index(r), b.index(dim)), e, b.const(0.0, acc)))
+    s = ctx.generic([x, m], [x_map, out_map], ctx.fill(shape, acc, 0.0), out_map, its, sum_exp)
+    return ctx.elementwise(lambda b, sv, mi: b.add(b.unary("math.log", b.cast(sv, dtype)), mi),
+                           [s, m], shape, dtype, compute_dtype=[acc, dtype])

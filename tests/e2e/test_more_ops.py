@@ -135,3 +135,25 @@ def test_affine_group_norm_and_as_strided_of_a_computed_value():
     g = lambda t: torch.as_strided(t * 2, (2, 3), (4, 1), 1) + 1  # noqa: E731
     torch._dynamo.reset()
     torch.testing.assert_close(neuron_compile(g)(y), g(y))
+
+
+def test_cummax_cummin_logcumsumexp_with_ties_nan_and_infinities_like_eager():
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1., 3., 3., nan, 2., nan, 5.], [-inf, -inf, -inf, 1., inf, 0., 2.]])
+    f = lambda t: (torch.cummax(t, 1), torch.cummin(t, 1), torch.logcumsumexp(t, 1))  # noqa: E731
+    got, ref = neuron_compile(f)(x), f(x)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, equal_nan=True)
+
+
+def test_cdist_direct_and_matmul_forms_and_put_like_eager():
+    torch.manual_seed(0)
+    a, b, c = torch.randn(2, 5, 3), torch.randn(2, 4, 3), torch.randn(30, 3)
+    f = lambda a, b, c: (torch.cdist(a, b, p=1), torch.cdist(a, b), torch.cdist(c, c),  # noqa: E731
+                         torch.cdist(a, b, p=float("inf")), torch.cdist(a, b, p=0.5))
+    for g, r in zip(neuron_compile(f)(a, b, c), f(a, b, c)):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    idx, src = torch.tensor([0, 7, -1, 7]), torch.tensor([1., 2., 3., 4.])
+    g = lambda t: (t.put(idx, src), t.put(idx, src, accumulate=True))  # noqa: E731
+    for got, ref in zip(neuron_compile(g)(a), g(a)):
+        torch.testing.assert_close(got, ref)
