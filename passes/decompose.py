@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
-from neuron_compile.passes import separable
+from neuron_compile.passes import histogram, separable
 
 aten = torch.ops.aten
 
@@ -166,6 +166,9 @@ def _put(x, index, source, accumulate=False):
 OURS: dict[object, tuple[Callable, str]] = {
     aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
     aten.put.default: (_put, "index_put on the flattened tensor"),
+    aten.histc.default: (histogram.histc, "bin index by linear interpolation, one-hot counts"),
+    aten.histogram.bin_ct: (histogram.histogram_bin_ct, "ATen's linspace edges, bin by edge count, one-hot counts"),
+    aten.histogram.bins_tensor: (histogram.histogram_bins_tensor, "bin by edge count, one-hot counts"),
     aten.median.dim: (_median_dim, "stable sort, then the element at the lower-median position"),
     aten.median.default: (lambda x: _median_dim(x.reshape(-1), 0)[0], "median of the flattened input"),
     aten.nanmedian.dim: (_nanmedian_dim, "stable sort (NaN last), lower median of the non-NaN prefix"),

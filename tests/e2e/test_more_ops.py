@@ -159,3 +159,15 @@ def test_cdist_direct_and_matmul_forms_and_put_like_eager():
     g = lambda t: (t.put(idx, src), t.put(idx, src, accumulate=True))  # noqa: E731
     for got, ref in zip(neuron_compile(g)(a), g(a)):
         torch.testing.assert_close(got, ref)
+
+
+def test_histc_and_histogram_like_eager():
+    torch.manual_seed(0)
+    x, w = torch.randn(50) * 3, torch.rand(50)
+    x[3], x[7] = 3.0, -2.0   # on bin edges of the ranges below
+    edges = torch.tensor([-3.0, -1.0, 0.0, 0.5, 4.0])
+    f = lambda x, w: (torch.histc(x, 7), torch.histc(x, 5, min=-2, max=3),  # noqa: E731
+                      *torch.histogram(x, 6, weight=w, density=True),
+                      *torch.histogram(x, edges), torch.histc(torch.ones(4), 3))
+    for got, ref in zip(neuron_compile(f)(x, w), f(x, w)):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.common_device_type import toleranceOverride
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from neuron_compile.errors import NeuronCompileError, UnsupportedOpsError
 
@@ -232,10 +232,47 @@ def compare(opinfo, dtype, got, expected, sample=None) -> SampleResult:
             # uninitialised memory (empty*) or random values: only shapes and dtypes can match
             torch.testing.assert_close(tree_map(_meta, got), tree_map(_meta, expected))
         else:
-            torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+            try:
+                torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+            except AssertionError:
+                if not (sample is not None and _as_accurate_as_eager(opinfo, sample, got, expected, rtol, atol)):
+                    raise
     except (AssertionError, TypeError, ValueError) as e:
         return SampleResult("wrong", " ".join(str(e).split())[:300])
     return SampleResult("pass")
+
+
+def _as_accurate_as_eager(opinfo, sample, got, expected, rtol, atol) -> bool:
+    """Whether every float32 result is at least as close to eager-at-float64 as eager's own float32
+    result is, within the tolerances: ``|got - ref64| <= |eager - ref64| + atol + rtol·|ref64|``.
+
+    A sum of many terms (a weighted histogram, a long reduction) rounds differently in another
+    order; ours is not wrong when it is no further from the exact value than eager's (the float64
+    reference standard of PyTorch's own ``test_ops`` for reduced precision)."""
+    if torch.float64 not in opinfo.supported_dtypes("cpu"):
+        return False
+    up = tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.dtype == F32 else t,
+                  ((sample.input, *sample.args), sample.kwargs))
+    try:
+        torch.manual_seed(0)
+        ref = opinfo.op(*up[0], **up[1])
+    except Exception:  # noqa: BLE001 - no float64 reference: the float32 comparison stands
+        return False
+    flat = list(zip(tree_leaves(got), tree_leaves(expected), tree_leaves(ref)))
+    rtol = rtol if rtol is not None else 1.3e-6
+    atol = atol if atol is not None else 1e-5
+    for g, e, r in flat:
+        if not isinstance(g, torch.Tensor) or g.dtype != F32 or not isinstance(r, torch.Tensor):
+            if not isinstance(g, torch.Tensor) or g.dtype != e.dtype or not torch.equal(g, e):
+                return False
+            continue
+        r = r.double()
+        err_got, err_eager = (g.double() - r).abs(), (e.double() - r).abs()
+        nan_ok = torch.isnan(g) == torch.isnan(r)
+        ok = (err_got <= err_eager + atol + rtol * r.abs()) | (torch.isnan(g) & torch.isnan(r))
+        if not bool((ok & nan_ok).all()):
+            return False
+    return True
 
 
 def _meta(x):
