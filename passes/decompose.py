@@ -163,7 +163,19 @@ def _put(x, index, source, accumulate=False):
     return flat.index_put((idx,), source.reshape(-1), accumulate).view_as(x)
 
 
+def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
+    """``Tensor.index_reduce``: ``scatter_reduce`` with the 1-d index broadcast along ``dim``."""
+    if x.dim() == 0:
+        return aten.scatter_reduce.two(x, 0, index.reshape(()), source, reduce, include_self=include_self)
+    dim = dim % x.dim()
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    full = index.reshape(shape).expand(source.shape)
+    return aten.scatter_reduce.two(x, dim, full, source, reduce, include_self=include_self)
+
+
 OURS: dict[object, tuple[Callable, str]] = {
+    aten.index_reduce.default: (_index_reduce, "scatter_reduce with the index broadcast along dim"),
     aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
     aten.put.default: (_put, "index_put on the flattened tensor"),
     aten.histc.default: (histogram.histc, "bin index by linear interpolation, one-hot counts"),

@@ -12,6 +12,7 @@ import torch
 
 from neuron_compile.lowering.context import BodyBuilder, LoweringContext
 from neuron_compile.lowering.ir import Scalar, TensorValue, affine_map, numel, tensor_type
+from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
@@ -106,48 +107,97 @@ def lower_index(ctx: LoweringContext, x: TensorValue, indices) -> TensorValue:
     return ctx.generic(tensors, maps, init, ctx.identity_map(rank), ["parallel"] * rank, body)
 
 
-def _scatter_dense(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src, accumulate: bool
-                   ) -> TensorValue:
-    """``out[..j..] = x[..j..] (+)= src[..k..]`` for every k with ``index[..k..] == j`` along ``dim``.
+# how a scattered value merges into the running result at its target
+_COMBINE = {"assign": lambda b, acc, v: v, "sum": lambda b, acc, v: b.add(acc, v),
+            "prod": lambda b, acc, v: b.mul(acc, v), "amax": lambda b, acc, v: b.maximum(acc, v),
+            "amin": lambda b, acc, v: b.minimum(acc, v)}
+_COMBINE["mean"], _COMBINE["add"], _COMBINE["multiply"] = _COMBINE["sum"], _COMBINE["sum"], _COMBINE["prod"]
 
-    Written as one generic over (out dims + k): parallel, no data-dependent writes.
-    """
-    dim = dim % x.rank
-    if any(index.shape[d] != x.shape[d] for d in range(x.rank) if d != dim):
-        raise ctx.unsupported("scatter with an index smaller than self outside `dim` is not supported")
-    rank = x.rank + 1
-    kd = f"d{x.rank}"
-    idx_map = affine_map(rank, [kd if d == dim else f"d{d}" for d in range(x.rank)])
-    ins = [index]
-    maps = [idx_map]
-    if isinstance(src, TensorValue):
-        ins.append(src)
-        maps.append(affine_map(rank, [kd if d == dim else f"d{d}" for d in range(x.rank)]))
-    init = x
-    out_map = affine_map(rank, [f"d{d}" for d in range(x.rank)])
-    iters = ["parallel"] * x.rank + ["reduction"]
-    size = x.shape[dim]
 
-    def body(b: BodyBuilder, args: list[Scalar]) -> Scalar:
-        idx = _safe_index(b, args[0], size)
-        val = b.cast(args[1], x.dtype) if isinstance(src, TensorValue) else b.const(src, x.dtype)
-        acc = args[-1]
-        hit = b.cmp("eq", idx, b.index(dim))
-        return b.select(hit, b.add(acc, val) if accumulate else val, acc)
-    if index.shape[dim] == 0:
-        return x
-    return ctx.generic(ins, maps, init, out_map, iters, body)
+def _scatter(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src, combine: str,
+             include_self: bool = True) -> tuple[TensorValue, TensorValue]:
+    """(out, count): every src element whose ``index`` along ``dim`` is j merges into
+    ``out[..j..]`` in index order, starting from ``x`` (``include_self``) or from the first such
+    element; count is how many merged. Positions nothing scatters to keep ``x``.
+
+    One ``linalg.generic`` over (out dims + k, the position along ``dim`` in index): parallel over
+    the output, no data-dependent writes. ``index`` may be smaller than ``x`` outside ``dim``
+    (read at clamped coordinates, counted only inside its extent); ``src`` is a tensor or a
+    Python scalar."""
+    count0 = ctx.fill(x.shape, torch.int64, 0)
+    if index.shape[dim] == 0 or numel(index.shape) == 0:
+        return x, count0
+    src = ctx.materialize(src) if isinstance(src, (TensorValue, LazyTensor)) else src
+    out_map = affine_map(x.rank + 1, [f"d{d}" for d in range(x.rank)])
+    size, merge = x.shape[dim], _COMBINE[combine]
+    clipped = [d for d in range(x.rank) if d != dim and index.shape[d] < x.shape[d]]
+
+    def body(b: BodyBuilder, args: list[Scalar]) -> list[Scalar]:
+        _, acc, cnt = args
+        coords, inside = [], b.const(True, torch.bool)
+        for d in range(x.rank):
+            if d == dim:
+                coords.append(b.index(x.rank))
+            elif d in clipped:
+                i, last = b.index(d), b.const(index.shape[d] - 1, torch.int64)
+                inside = b.logical_and(inside, b.cmp("le", i, last))
+                coords.append(b.minimum(i, last))
+            else:
+                coords.append(b.index(d))
+        val = b.cast(b.extract(src, coords), x.dtype) if isinstance(src, TensorValue) else b.const(src, x.dtype)
+        hit = b.logical_and(inside, b.cmp("eq", _safe_index(b, b.extract(index, coords), size), b.index(dim)))
+        merged = merge(b, acc, val)
+        if not include_self:
+            merged = b.select(b.cmp("eq", cnt, b.const(0, torch.int64)), val, merged)
+        return [b.select(hit, merged, acc), b.add(cnt, b.cast(hit, torch.int64))]
+    k_extent = ctx.fill((index.shape[dim],), torch.bool, False)  # gives the k loop its bound
+    out, count = ctx.generic_multi([k_extent], [affine_map(x.rank + 1, [f"d{x.rank}"])], [x, count0],
+                                   [out_map, out_map], ["parallel"] * x.rank + ["reduction"], body)
+    return out, count
+
+
+def _scatter_rule(ctx: LoweringContext, x, dim: int, index, src, combine: str, include_self: bool = True):
+    if x.rank == 0:  # as a one-element 1-d scatter
+        one = [ctx.reshape(ctx.materialize(t), (1,)) if isinstance(t, (TensorValue, LazyTensor)) and t.rank == 0
+               else t for t in (x, index, src)]
+        out, count = _scatter(ctx, one[0], 0, one[1], one[2], combine, include_self)
+        return ctx.reshape(out, ()), ctx.reshape(count, ())
+    return _scatter(ctx, x, dim % x.rank, index, src, combine, include_self)
 
 
 @register_lowering(aten.scatter.value, aten.scatter.src)
 def lower_scatter(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src) -> TensorValue:
-    return _scatter_dense(ctx, x, dim, index, src, accumulate=False)
+    """``Tensor.scatter``: the last src element (in index order) with ``index == j`` wins."""
+    return _scatter_rule(ctx, x, dim, index, src, "assign")[0]
+
+
+@register_lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+def lower_scatter_with_reduce(ctx: LoweringContext, x, dim: int, index, src, *, reduce: str) -> TensorValue:
+    """``Tensor.scatter(..., reduce='add'|'multiply')``."""
+    return _scatter_rule(ctx, x, dim, index, src, reduce)[0]
 
 
 @register_lowering(aten.scatter_add.default)
 def lower_scatter_add(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: TensorValue
                       ) -> TensorValue:
-    return _scatter_dense(ctx, x, dim, index, src, accumulate=True)
+    return _scatter_rule(ctx, x, dim, index, src, "sum")[0]
+
+
+@register_lowering(aten.scatter_reduce.two)
+def lower_scatter_reduce(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: TensorValue,
+                         reduce: str, *, include_self: bool = True):
+    """``Tensor.scatter_reduce`` (sum, prod, mean, amax, amin), from ``x`` or, without
+    ``include_self``, from the first scattered element. ``mean`` divides by the count (plus one
+    with ``include_self``), flooring for integers, as ATen's CPU kernel."""
+    out, count = _scatter_rule(ctx, x, dim, index, src, reduce, include_self)
+    if reduce != "mean":
+        return out
+
+    def mean(b, v, c):
+        n = b.cast(b.add(c, b.const(1 if include_self else 0, torch.int64)), x.dtype)
+        q = b.div(v, n) if x.dtype.is_floating_point else b.floordiv(v, n)
+        return b.select(b.cmp("eq", c, b.const(0, torch.int64)), v, q)
+    return ctx.elementwise(mean, [out, count], x.shape, x.dtype, compute_dtype=[x.dtype, torch.int64])
 
 
 @register_lowering(aten.index_put.default)
