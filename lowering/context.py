@@ -326,7 +326,12 @@ class LoweringContext:
         Plain operands use ``linalg.matmul``/``linalg.batch_matmul``; transposed ones a contraction
         ``linalg.generic`` whose indexing map reads the operand transposed (no copy). The
         accumulator starts at ``acc_init`` broadcast to the output (a fused bias add) or zero.
+        float16/bfloat16 products accumulate in float32 and round once at the end, as ATen's CPU
+        matmul (mkldnn / the reduced-precision gemm) does.
         """
+        if out_dtype in (torch.float16, torch.bfloat16):
+            wide = self.matmul(a, b, torch.float32, trans_a, trans_b, acc_init)
+            return self.materialize(self.cast(wide, out_dtype))
         a, b = self.materialize(a), self.materialize(b)
         batch = a.shape[:-2]
         m = a.shape[-1] if trans_a else a.shape[-2]

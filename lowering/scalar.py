@@ -56,6 +56,10 @@ class ScalarBuilder:
                 return x
             if (src, dst) in ((torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)):
                 return self.cast(self.cast(x, torch.float32), dst)
+            if src == torch.float64 and dst in (torch.float16, torch.bfloat16):
+                # through float32, as c10::Half/BFloat16 convert a double (and without the
+                # compiler-rt __truncdf?f2 helpers LLVM would otherwise call)
+                return self.cast(self.cast(x, torch.float32), dst)
             op = "arith.extf" if bits[src] < bits[dst] else "arith.truncf"
             return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
         if not src.is_floating_point and dst.is_floating_point:

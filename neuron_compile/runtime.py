@@ -24,9 +24,19 @@ KERNEL_SYMBOL = "neuron_kernel"
 
 
 def load_shared_object(path: Path) -> tuple[Callable[..., None], Any]:
-    """``dlopen`` a kernel library; returns (entry function, library handle to keep alive)."""
-    lib = ctypes.CDLL(str(path))
-    fn = getattr(lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
+    """``dlopen`` a kernel library; returns (entry function, library handle to keep alive).
+
+    Raises:
+        ExecutableError: the library does not load (unresolved symbol, wrong architecture) or has
+            no kernel entry point.
+    """
+    from neuron_compile.errors import ExecutableError
+    try:
+        lib = ctypes.CDLL(str(path))
+        fn = getattr(lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
+    except (OSError, AttributeError) as e:
+        raise ExecutableError(f"cannot load kernel library {path}: {e}. Clear the cache entry "
+                              "(neuron-compile cache clear) and recompile; if it persists, report it.") from e
     fn.restype = None
     return fn, lib
 

@@ -124,6 +124,8 @@ class HostCPU:
         run_stage("obj", [tool("opt"), f"-O{opt_level}", *cpu, "-S", str(ll), "-o", str(opt_ll)], ll, timeout)
         run_stage("obj", [tool("llc"), f"-O{opt_level}", *cpu, "--relocation-model=pic", "-filetype=obj",
                           str(opt_ll), "-o", str(obj)], opt_ll, timeout)
-        run_stage("obj", [tool("cc"), "-shared", "-o", str(so), str(obj), str(_runtime_object()), "-lm"],
-                  obj, timeout)
+        # -z defs: a symbol nothing provides (a compiler-rt helper LLVM chose to call) fails here,
+        # as a PipelineError with a reproduce command, not later in dlopen inside the user's process
+        run_stage("obj", [tool("cc"), "-shared", "-Wl,-z,defs", "-o", str(so), str(obj), str(_runtime_object()),
+                          "-lm"], obj, timeout)
         return so

@@ -20,9 +20,15 @@ FUSION_KIND = "pointwise"
 prims = torch.ops.prims
 
 
+# float16/bfloat16 ops compute in float32 and round once per op, as ATen's CPU kernels (and
+# Inductor's CPU codegen) do; a fused chain still rounds between ops, exactly like eager
+_UPCAST = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
 def _pointwise(ctx: LoweringContext, fn, *operands, compute=None) -> TensorValue:
     shape, dtype = ctx.out_spec()
-    return ctx.elementwise(fn, operands, shape, dtype, compute_dtype=compute or dtype)
+    compute = compute or dtype
+    return ctx.elementwise(fn, operands, shape, dtype, compute_dtype=_UPCAST.get(compute, compute))
 
 
 def _with_alpha(ctx, a, b, alpha):
