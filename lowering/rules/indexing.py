@@ -8,6 +8,8 @@ can never read or write outside a buffer; eager PyTorch would raise instead.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from neuron_compile.lowering.context import BodyBuilder, LoweringContext
@@ -200,16 +202,73 @@ def lower_scatter_reduce(ctx: LoweringContext, x: TensorValue, dim: int, index: 
     return ctx.elementwise(mean, [out, count], x.shape, x.dtype, compute_dtype=[x.dtype, torch.int64])
 
 
-@register_lowering(aten.index_put.default)
-def lower_index_put(ctx: LoweringContext, x: TensorValue, indices, values: TensorValue, accumulate=False
+@register_lowering(aten.index_put.default, aten._unsafe_index_put.default)
+def lower_index_put(ctx: LoweringContext, x: TensorValue, indices, values, accumulate=False) -> TensorValue:
+    """``x[indices] (+)= values`` (``Tensor.index_put``) for integer index tensors at any dims.
+
+    The indexed dims are permuted to the front and their (broadcast) index tensors combined into
+    one linear index over them (each wrapped if negative and clamped into range first), which
+    reduces the op to :func:`_index_put_rows`; values follow ``x[indices]``'s layout (index dims
+    in place when the index tensors are adjacent, first otherwise). Boolean masks select a
+    data-dependent number of elements and are refused."""
+    pos = [d for d, i in enumerate(indices) if i is not None]
+    if not pos:
+        return x
+    if any(indices[d].dtype == torch.bool for d in pos):
+        if len(pos) == 1 and numel(tuple(values.shape)) == 1:  # x[mask] = v: a select, no gather
+            return _masked_put_scalar(ctx, x, pos[0], indices[pos[0]], values, accumulate)
+        raise ctx.unsupported("index_put with a boolean mask and a values tensor (a data-dependent "
+                              "number of elements)")
+    if pos == [0] and len(indices) >= 1:
+        return _index_put_rows(ctx, x, indices[0], values, accumulate)
+    rest = [d for d in range(x.rank) if d not in pos]
+    xt = ctx.permute(ctx.materialize(x), pos + rest)
+    bshape = tuple(torch.broadcast_shapes(*(tuple(indices[d].shape) for d in pos)))
+    sizes = [x.shape[d] for d in pos]
+    strides = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+
+    def linear(s, *idx):
+        total = s.const(0, torch.int64)
+        for v, size, stride in zip(idx, sizes, strides):
+            total = s.add(total, s.mul(_safe_index(s, v, size), s.const(stride, torch.int64)))
+        return total
+    lin = ctx.materialize(ctx.elementwise(linear, [indices[d] for d in pos], bshape, torch.int64,
+                                          compute_dtype=[indices[d].dtype for d in pos]))
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    before, after = [x.shape[d] for d in rest if d < pos[0]], [x.shape[d] for d in rest if d > pos[0]]
+    target = (*before, *bshape, *after) if adjacent else (*bshape, *before, *after)
+    vals = ctx.materialize(ctx.broadcast_to(ctx.cast(values, x.dtype), target))
+    if adjacent and before:  # index dims first, then the others in order
+        nb, nB = len(before), len(bshape)
+        vals = ctx.permute(vals, list(range(nb, nb + nB)) + list(range(nb)) + list(range(nb + nB, len(target))))
+    flat = ctx.reshape(xt, (math.prod(sizes), *(x.shape[d] for d in rest)))
+    out = ctx.reshape(_index_put_rows(ctx, flat, lin, vals, accumulate), xt.shape)
+    inverse = [0] * x.rank
+    for i, d in enumerate(pos + rest):
+        inverse[d] = i
+    return ctx.permute(out, inverse)
+
+
+def _masked_put_scalar(ctx: LoweringContext, x, dim: int, mask, value, accumulate: bool) -> TensorValue:
+    """``x[..., mask, ...] (+)= v`` for one value: ``where(mask, v, x)`` (``x + where(mask, v, 0)``)
+    with the mask's dims aligned at ``dim``."""
+    shape = (1,) * dim + tuple(mask.shape) + (1,) * (x.rank - dim - mask.rank)
+    m = ctx.reshape(ctx.materialize(mask), shape)
+    v = ctx.reshape(ctx.materialize(value), ())
+
+    def fn(s, xv, mv, vv):
+        if accumulate:
+            vv = s.select(mv, vv, s.const(0, x.dtype))
+            return s.logical_or(xv, vv) if x.dtype == torch.bool else s.add(xv, vv)
+        return s.select(mv, vv, xv)
+    return ctx.elementwise(fn, [x, m, v], x.shape, x.dtype, compute_dtype=[x.dtype, torch.bool, x.dtype])
+
+
+def _index_put_rows(ctx: LoweringContext, x: TensorValue, idx: TensorValue, values, accumulate: bool
                     ) -> TensorValue:
-    """``x[idx] (+)= values`` for one index tensor on dim 0: an ``scf.for`` over the index
+    """``x[idx] (+)= values`` for one integer index tensor on dim 0: an ``scf.for`` over the index
     elements updating one row (slice) per step, in order (so duplicates accumulate like eager)."""
-    if len([i for i in indices if i is not None]) != 1 or indices[0] is None:
-        raise ctx.unsupported("index_put with anything but one index tensor on dimension 0")
-    idx = indices[0]
-    if idx.dtype == torch.bool:
-        raise ctx.unsupported("index_put with a boolean mask is not supported")
+    x, idx = ctx.materialize(x), ctx.materialize(idx)
     n = numel(idx.shape)
     row_shape = x.shape[1:]
     flat_idx = ctx.reshape(idx, (n,))

@@ -171,3 +171,24 @@ def test_histc_and_histogram_like_eager():
                       *torch.histogram(x, edges), torch.histc(torch.ones(4), 3))
     for got, ref in zip(neuron_compile(f)(x, w), f(x, w)):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_index_put_at_any_dims_with_broadcast_indices_like_eager():
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, 6)
+
+    def f(x):
+        a = x.clone()
+        a[:, torch.tensor([1, 3, 3])] += 2.0
+        b = x.clone()
+        b[torch.tensor([0, 2, -1]), :, torch.tensor([0, 5, 2])] = torch.arange(15.).reshape(3, 5)  # index dims first
+        c = x.clone()
+        c[:, torch.tensor([[1], [4]]), torch.tensor([0, 5, 2])] = torch.arange(24.).reshape(4, 2, 3)
+        d = x.index_put((torch.tensor([3, 0, 3]), torch.tensor([1, 1, 1])), torch.ones(3, 6), accumulate=True)
+        e = x.clone()
+        e[e > 0.5] = 0.0                                                  # boolean mask, one value
+        e[:, torch.tensor([True, False, True, False, True])] = 3.0
+        return a, b, c, d, e, x.index_add(1, torch.tensor([0, 4, 0]), torch.ones(4, 3, 6)), \
+            x.index_fill(2, torch.tensor([1, 5]), -1.0), x.index_copy(0, torch.tensor([2, 0]), torch.zeros(2, 5, 6))
+    for got, ref in zip(neuron_compile(f)(x), f(x)):
+        torch.testing.assert_close(got, ref)
