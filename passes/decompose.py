@@ -174,7 +174,58 @@ def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
     return aten.scatter_reduce.two(x, dim, full, source, reduce, include_self=include_self)
 
 
+_SEGMENT_IDENTITY = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+
+
+def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
+                    initial=None):
+    """``torch.segment_reduce`` over contiguous segments along ``axis`` (given by ``lengths`` or
+    ``offsets``; shapes (*B, S) / (*B, S+1) with B = data.shape[:axis]), as ATen's CPU kernel
+    (``SegmentReduce.cpp``): each segment reduces from ``initial`` (else the identity); ``max``
+    and ``min`` propagate NaN; ``mean`` divides by the length, an empty segment keeping ``initial``
+    or giving NaN. A membership mask (*B, S, N) selects each segment's elements."""
+    if indices is not None:
+        return NotImplemented
+    axis = axis % data.dim()
+    if offsets is None:
+        offsets = torch.cat([torch.zeros_like(lengths[..., :1]), lengths.cumsum(-1)], -1)
+    start, end = offsets[..., :-1], offsets[..., 1:]
+    rest = (1,) * (data.dim() - axis - 1)
+    pos = torch.arange(data.shape[axis])
+    member = ((pos >= start.unsqueeze(-1)) & (pos < end.unsqueeze(-1))).reshape(*start.shape, -1, *rest)
+    ident = _SEGMENT_IDENTITY[reduce] if initial is None else initial
+    vals = torch.where(member, data.unsqueeze(axis), torch.full((), _SEGMENT_IDENTITY[reduce], dtype=data.dtype))
+    red = {"sum": torch.sum, "mean": torch.sum, "prod": torch.prod,
+           "max": torch.amax, "min": torch.amin}[reduce](vals, axis + 1)
+    if initial is not None:
+        red = {"max": torch.maximum, "min": torch.minimum, "prod": torch.mul}.get(reduce, torch.add)(
+            red, torch.full((), initial, dtype=data.dtype))
+    if reduce == "mean":
+        count = (end - start).reshape(*start.shape, *rest)
+        empty = torch.full((), ident if initial is not None else float("nan"), dtype=data.dtype)
+        red = torch.where(count > 0, red / count, empty)
+    return red
+
+
+def _nonzero_static(x, *, size, fill_value=-1):
+    """``torch.nonzero_static``: the coordinates of the first ``size`` nonzero elements in row-major
+    order, padded with ``fill_value``: slot k takes the element whose running nonzero count is k."""
+    flat = x.reshape(-1) != 0
+    n = flat.numel()
+    rank = torch.cumsum(flat.to(torch.int64), 0) - 1
+    hit = flat.unsqueeze(0) & (rank.unsqueeze(0) == torch.arange(size).unsqueeze(1))      # (size, n)
+    linear = (hit.to(torch.int64) * torch.arange(n).unsqueeze(0)).sum(1, keepdim=True)   # (size, 1)
+    strides = [1] * x.dim()
+    for d in range(x.dim() - 2, -1, -1):
+        strides[d] = strides[d + 1] * x.shape[d + 1]
+    coords = torch.stack([(linear[:, 0] // st) % sz for st, sz in zip(strides, x.shape)], 1) \
+        if x.dim() else torch.zeros(size, 0, dtype=torch.int64)
+    return torch.where(hit.any(1, keepdim=True), coords, torch.full((), fill_value, dtype=torch.int64))
+
+
 OURS: dict[object, tuple[Callable, str]] = {
+    aten.nonzero_static.default: (_nonzero_static, "running nonzero count picks each output slot"),
+    aten.segment_reduce.default: (_segment_reduce, "membership mask per segment, then one masked reduction"),
     aten.index_reduce.default: (_index_reduce, "scatter_reduce with the index broadcast along dim"),
     aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
     aten.put.default: (_put, "index_put on the flattened tensor"),

@@ -192,3 +192,13 @@ def test_index_put_at_any_dims_with_broadcast_indices_like_eager():
             x.index_fill(2, torch.tensor([1, 5]), -1.0), x.index_copy(0, torch.tensor([2, 0]), torch.zeros(2, 5, 6))
     for got, ref in zip(neuron_compile(f)(x), f(x)):
         torch.testing.assert_close(got, ref)
+
+
+def test_segment_reduce_and_nonzero_static_like_eager():
+    data = torch.tensor([[1., 2.], [float("nan"), 4.], [5., 6.], [7., -8.], [9., 10.]])
+    lengths = torch.tensor([2, 0, 3])
+    f = lambda d, n: (*(torch.segment_reduce(d, r, lengths=n) for r in ("sum", "mean", "max", "min", "prod")),  # noqa: E731
+                      torch.segment_reduce(d, "mean", lengths=n, initial=1.0),
+                      torch.nonzero_static(d > 4, size=8), torch.nonzero_static(d[0], size=1, fill_value=7))
+    for got, ref in zip(neuron_compile(f)(data, lengths), f(data, lengths)):
+        torch.testing.assert_close(got, ref, equal_nan=True)
