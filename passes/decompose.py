@@ -40,7 +40,6 @@ EXTRA_REFERENCE: dict[object, str] = {
     aten.max_pool2d_with_indices: "windows gathered with indices, max and argmax over each",
     aten.max_pool2d_with_indices_backward: "gradient scattered to the argmax positions",
     aten.max_pool3d_with_indices: "as the 2d form: windows gathered with indices, max and argmax",
-    aten.adaptive_max_pool2d: "amax/argmax for global pooling, else max_pool2d over computed windows",
     aten.ldexp.Tensor: "a * 2**b",
     aten.diagonal: "as_strided view of the diagonal",
     aten.as_strided_copy: "as_strided + clone",
@@ -55,6 +54,7 @@ EXTRA_REFERENCE: dict[object, str] = {
     aten.upsample_nearest2d.vec: "index gathers",
     aten.upsample_bicubic2d: "gathers of the 4x4 neighbourhood with cubic weights",
     aten.grid_sampler_2d: "gathers at the sampling points with bilinear/nearest weights",
+    aten._batch_norm_with_update_functional: "the _native_batch_norm_legit_functional form above",
 }
 
 
@@ -223,7 +223,34 @@ def _nonzero_static(x, *, size, fill_value=-1):
     return torch.where(hit.any(1, keepdim=True), coords, torch.full((), fill_value, dtype=torch.int64))
 
 
+def _adaptive_max_pool(x, output_size):
+    """``adaptive_max_poolNd`` (ATen ``AdaptiveMaxPoolKernel.cpp``): output i of a spatial dim of
+    length n takes the max over [⌊i·n/o⌋, ⌈(i+1)·n/o⌉), NaN propagating, with the flat index of
+    its first maximum. Every window is masked out of the whole plane (O(out · in) elements)."""
+    nd = len(output_size)
+    spatial = x.shape[-nd:]
+    plane = x.reshape(*x.shape[:-nd], *([1] * nd), -1)                 # (..., 1.., H·W..)
+    inside = None
+    for i, (n, o) in enumerate(zip(spatial, output_size)):
+        idx = torch.arange(o)
+        start, end = (idx * n) // o, ((idx + 1) * n + o - 1) // o
+        pos = torch.arange(n)
+        m = (pos >= start[:, None]) & (pos < end[:, None])                 # (o, n)
+        shape = [1] * nd + [1] * nd
+        shape[i], shape[nd + i] = o, n
+        m = m.reshape(shape)
+        inside = m if inside is None else inside & m
+    inside = inside.reshape(*output_size, -1)                            # (o.., H·W..)
+    lowest = torch.full((), float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min, dtype=x.dtype)
+    vals = torch.where(inside, plane, lowest)
+    return vals.amax(-1), vals.argmax(-1)
+
+
 OURS: dict[object, tuple[Callable, str]] = {
+    aten.adaptive_max_pool2d.default: (_adaptive_max_pool, "windows masked out of the plane, amax + argmax"),
+    aten.adaptive_max_pool3d.default: (_adaptive_max_pool, "windows masked out of the volume, amax + argmax"),
+    aten.addbmm.default: (lambda x, b1, b2, *, beta=1, alpha=1: beta * x + alpha * (b1 @ b2).sum(0)
+                          if beta != 0 else alpha * (b1 @ b2).sum(0), "batched matmul summed over the batch"),
     aten.nonzero_static.default: (_nonzero_static, "running nonzero count picks each output slot"),
     aten.segment_reduce.default: (_segment_reduce, "membership mask per segment, then one masked reduction"),
     aten.index_reduce.default: (_index_reduce, "scatter_reduce with the index broadcast along dim"),

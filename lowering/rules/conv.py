@@ -1,4 +1,4 @@
-"""Lowering rule for ``aten.convolution`` (forward, not transposed, any number of spatial dims, groups).
+"""Lowering rules for ``aten.convolution`` (any number of spatial dims, groups; transposed too) and its backward.
 
 One contraction ``linalg.generic`` over (n, oc, out spatial..., ic per group, kernel spatial...):
 the input is read at ``o·stride + k·dilation`` (affine maps express strides and dilation) from a
@@ -25,6 +25,10 @@ def _geometry(ctx: LoweringContext, x: TensorValue, w: TensorValue, stride, padd
     if any(padding):
         padded_shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * padding[i] for i in range(k)]
         x = ctx.insert_slice(x, ctx.fill(padded_shape, x.dtype, 0), [0, 0] + list(padding))
+    return (x, padding, *_maps(k, w, stride, dilation, groups))
+
+
+def _maps(k: int, w: TensorValue, stride, dilation, groups: int):
     oc, icg = w.shape[0], w.shape[1]
     n_loops = 2 + k + 1 + k
     o = [f"d{2 + i}" for i in range(k)]
@@ -34,16 +38,41 @@ def _geometry(ctx: LoweringContext, x: TensorValue, w: TensorValue, stride, padd
     x_map = affine_map(n_loops, ["d0", chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
     w_map = affine_map(n_loops, ["d1", ic] + kk)
     out_map = affine_map(n_loops, ["d0", "d1"] + o)
-    return x, padding, x_map, w_map, out_map
+    return x_map, w_map, out_map
+
+
+def _transposed(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
+                groups: int) -> TensorValue:
+    """Transposed convolution (``conv_transposeNd``): the input gradient of the convolution whose
+    weight is ``w`` (IC, OC/groups, k...) and whose input has this op's output shape, i.e. every
+    input element scattered through the kernel into a zero-padded output, then the padding cropped
+    (``output_padding`` is already in the output shape)."""
+    shape, dtype = ctx.out_spec()
+    k = x.rank - 2
+    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    x_map, w_map, g_map = _maps(k, w, stride, dilation, groups)
+    padded = list(shape[:2]) + [shape[2 + i] + 2 * padding[i] for i in range(k)]
+
+    def body(b, args):
+        g, wv, a = args
+        return b.add(a, b.mul(b.cast(g, dtype), b.cast(wv, dtype)))
+    out = ctx.generic([x, w], [g_map, w_map], ctx.fill(padded, dtype, 0), x_map,
+                      ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), body)
+    if any(padding):
+        out = ctx.extract_slice(out, [0, 0] + padding, list(shape), [1] * len(shape))
+    if bias is None:
+        return out
+    b = ctx.reshape(ctx.materialize(bias), (shape[1],) + (1,) * k)
+    return ctx.elementwise(lambda s, o, bb: s.add(o, bb), [out, b], shape, dtype)
 
 
 @register_lowering(aten.convolution.default)
 def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
                       transposed: bool, output_padding, groups: int) -> TensorValue:
-    if transposed:
-        raise ctx.unsupported("transposed convolution")
-    shape, dtype = ctx.out_spec()
     x, w = ctx.materialize(x), ctx.materialize(w)
+    if transposed:
+        return _transposed(ctx, x, w, bias, stride, padding, dilation, groups)
+    shape, dtype = ctx.out_spec()
     k, oc = x.rank - 2, w.shape[0]
     x, _, x_map, w_map, out_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
     if bias is not None:
@@ -68,7 +97,7 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     through the forward's input map (an accumulating scatter, run as sequential loops), then the
     padding is cropped."""
     if transposed:
-        raise ctx.unsupported("transposed convolution")
+        raise ctx.unsupported("the backward of a transposed convolution")
     grad, x, w = ctx.materialize(grad), ctx.materialize(x), ctx.materialize(w)
     k = x.rank - 2
     x_pad, padding, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)

@@ -202,3 +202,16 @@ def test_segment_reduce_and_nonzero_static_like_eager():
                       torch.nonzero_static(d > 4, size=8), torch.nonzero_static(d[0], size=1, fill_value=7))
     for got, ref in zip(neuron_compile(f)(data, lengths), f(data, lengths)):
         torch.testing.assert_close(got, ref, equal_nan=True)
+
+
+def test_transposed_convolution_and_adaptive_max_pool_like_eager():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 4, 5, 6), torch.randn(4, 3, 3, 2), torch.randn(6)
+    x[0, 0, 1, 1] = float("nan")
+    f = lambda x, w, b: (F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),  # noqa: E731
+                         F.conv_transpose2d(x, w, b, groups=2, dilation=(1, 2)),
+                         F.conv_transpose1d(x.flatten(2), w[..., 0]),
+                         F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+                         F.adaptive_max_pool1d(x.flatten(2), 7, return_indices=True))
+    for got, ref in zip(neuron_compile(f)(x, w, b), f(x, w, b)):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
