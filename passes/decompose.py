@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
-from neuron_compile.passes import histogram, separable
+from neuron_compile.passes import histogram, linalg, separable
 
 aten = torch.ops.aten
 
@@ -247,6 +247,12 @@ def _adaptive_max_pool(x, output_size):
 
 
 OURS: dict[object, tuple[Callable, str]] = {
+    aten.linalg_solve_triangular.default: (linalg.solve_triangular, "substitution unrolled over rows"),
+    aten.triangular_solve.default: (linalg.triangular_solve, "substitution unrolled over rows"),
+    aten.linalg_cholesky_ex.default: (linalg.cholesky_ex, "Cholesky-Banachiewicz unrolled over columns"),
+    aten.cholesky.default: (linalg.cholesky, "Cholesky-Banachiewicz unrolled over columns"),
+    aten.cholesky_solve.default: (linalg.cholesky_solve, "two triangular solves"),
+    aten.cholesky_inverse.default: (linalg.cholesky_inverse, "two triangular solves against the identity"),
     aten.adaptive_max_pool2d.default: (_adaptive_max_pool, "windows masked out of the plane, amax + argmax"),
     aten.adaptive_max_pool3d.default: (_adaptive_max_pool, "windows masked out of the volume, amax + argmax"),
     aten.addbmm.default: (lambda x, b1, b2, *, beta=1, alpha=1: beta * x + alpha * (b1 @ b2).sum(0)

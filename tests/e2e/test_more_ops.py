@@ -215,3 +215,22 @@ def test_transposed_convolution_and_adaptive_max_pool_like_eager():
                          F.adaptive_max_pool1d(x.flatten(2), 7, return_indices=True))
     for got, ref in zip(neuron_compile(f)(x, w, b), f(x, w, b)):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_triangular_solves_and_cholesky_against_float64_eager():
+    torch.manual_seed(0)
+    m = torch.randn(3, 5, 5)
+    spd = m @ m.mT + 5 * torch.eye(5)
+    tri = torch.randn(5, 5).tril() + 4 * torch.eye(5)
+    rhs = torch.randn(3, 5, 2)
+
+    def f(spd, tri, rhs):
+        low, info = torch.linalg.cholesky_ex(spd)
+        return (low, info, torch.linalg.solve_triangular(tri, rhs, upper=False),
+                torch.linalg.solve_triangular(tri.mT, rhs.mT, upper=True, left=False, unitriangular=True),
+                torch.cholesky_solve(rhs, low), torch.cholesky_inverse(low[0], upper=False),
+                torch.linalg.cholesky_ex(-spd)[1])               # not positive-definite: info = 1
+    got = neuron_compile(f)(spd, tri, rhs)
+    ref = f(spd.double(), tri.double(), rhs.double())
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-5)
