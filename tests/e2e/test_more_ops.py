@@ -234,3 +234,20 @@ def test_triangular_solves_and_cholesky_against_float64_eager():
     ref = f(spd.double(), tri.double(), rhs.double())
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-5)
+
+
+def test_lu_family_against_float64_eager():
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 5, 5), torch.randn(2, 5, 3)
+    rect = torch.randn(4, 6)
+
+    def f(a, b, rect):
+        lu, piv, info = torch.linalg.lu_factor_ex(a)
+        return (lu, piv, info, torch.linalg.lu_solve(lu, piv, b), torch.linalg.lu_solve(lu, piv, b, adjoint=True),
+                torch.linalg.lu_solve(lu, piv, b.mT, left=False), torch.linalg.det(a), *torch.linalg.slogdet(a),
+                torch.linalg.inv_ex(a)[0], torch.linalg.solve_ex(a, b[..., 0])[0], *torch.linalg.lu(rect),
+                torch.linalg.det(torch.ones(3, 3)))                       # singular: 0
+    got = neuron_compile(f)(a, b, rect)
+    ref = f(a.double(), b.double(), rect.double())
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-4)
