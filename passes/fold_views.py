@@ -27,6 +27,8 @@ def permutation(n: torch.fx.Node) -> list[int] | None:
     if n.op != "call_function" or not isinstance(n.meta.get("val"), torch.Tensor):
         return None
     rank = n.meta["val"].dim()
+    if rank == 0:  # permuting a 0-d tensor (dims 0 / -1 name its one pseudo-dim) is the identity
+        return [] if n.target in (aten.permute.default, aten.t.default, aten.transpose.int) else None
     if n.target == aten.permute.default:
         return [d % rank for d in n.args[1]]
     if n.target == aten.t.default and rank == 2:

@@ -18,7 +18,9 @@ FUSION_KIND = "reduction"
 
 
 def _dims(x: TensorValue, dim) -> list[int]:
-    """ATen's convention: ``None`` or ``[]`` reduces every dimension."""
+    """ATen's convention: ``None`` or ``[]`` reduces every dimension (a 0-d tensor has none)."""
+    if x.rank == 0:
+        return []
     if dim is None:
         return list(range(x.rank))
     if isinstance(dim, int):
@@ -196,14 +198,20 @@ def lower_argmin(ctx: LoweringContext, x, dim=None, keepdim=False) -> TensorValu
     return ctx.reshape(_arg_extreme(ctx, x, dim, keepdim, "min")[1], shape)
 
 
+def _values_indices(ctx: LoweringContext, x, dim, keepdim: bool, kind: str):
+    (vshape, _), (ishape, _) = ctx.out_spec(0), ctx.out_spec(1)
+    vals, idx = _arg_extreme(ctx, x, dim, keepdim, kind)
+    return ctx.reshape(vals, vshape), ctx.reshape(idx, ishape)  # a 0-d input keeps 0-d, keepdim or not
+
+
 @register_lowering(aten.max.dim)
 def lower_max_dim(ctx: LoweringContext, x, dim, keepdim=False):
-    return _arg_extreme(ctx, x, dim, keepdim, "max")
+    return _values_indices(ctx, x, dim, keepdim, "max")
 
 
 @register_lowering(aten.min.dim)
 def lower_min_dim(ctx: LoweringContext, x, dim, keepdim=False):
-    return _arg_extreme(ctx, x, dim, keepdim, "min")
+    return _values_indices(ctx, x, dim, keepdim, "min")
 
 
 @register_lowering(aten.max.default)

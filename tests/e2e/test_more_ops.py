@@ -251,3 +251,10 @@ def test_lu_family_against_float64_eager():
     ref = f(a.double(), b.double(), rect.double())
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-4)
+
+
+def test_zero_dim_reductions_and_transposes_like_eager():
+    x = torch.tensor(2.5)
+    f = lambda t: (t.max(0, keepdim=True), t.min(-1), t.mean(0, keepdim=True), t.sum(-1),  # noqa: E731
+                   t.transpose(0, 0) * 2, t.argmax(0, keepdim=True))
+    torch.testing.assert_close(neuron_compile(f)(x), f(x))
