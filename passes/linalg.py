@@ -118,27 +118,13 @@ def lu_factor_ex(a, *, pivot: bool = True, check_errors: bool = False):
     return a, piv_t, info
 
 
-def _permute_rows(b, pivots):
-    """Apply LAPACK row interchanges (1-based, in order) to the rows of ``b``."""
+def _permute_rows(b, pivots, inverse: bool = False):
+    """Apply LAPACK row interchanges (1-based, in order; reversed when ``inverse``) to ``b``'s rows."""
     n = pivots.shape[-1]
     batch = torch.broadcast_shapes(b.shape[:-2], pivots.shape[:-1])
     b = b.expand(*batch, *b.shape[-2:])
     r = torch.arange(b.shape[-2]).reshape(-1, 1)
-    for i in range(n):
-        p = (pivots[..., i].to(torch.int64) - 1).expand(batch)
-        row_i = b[..., i:i + 1, :]
-        row_p = torch.gather(b, -2, p.reshape(*batch, 1, 1).expand(*batch, 1, b.shape[-1]))
-        b = torch.where(r == i, row_p, torch.where(r == p.reshape(*batch, 1, 1), row_i, b))
-    return b
-
-
-def _unpermute_rows(b, pivots):
-    """The inverse of :func:`_permute_rows` (the interchanges in reverse order)."""
-    n = pivots.shape[-1]
-    batch = torch.broadcast_shapes(b.shape[:-2], pivots.shape[:-1])
-    b = b.expand(*batch, *b.shape[-2:])
-    r = torch.arange(b.shape[-2]).reshape(-1, 1)
-    for i in reversed(range(n)):
+    for i in (reversed(range(n)) if inverse else range(n)):
         p = (pivots[..., i].to(torch.int64) - 1).expand(batch)
         row_i = b[..., i:i + 1, :]
         row_p = torch.gather(b, -2, p.reshape(*batch, 1, 1).expand(*batch, 1, b.shape[-1]))
@@ -155,7 +141,7 @@ def lu_solve(lu, pivots, b, *, left: bool = True, adjoint: bool = False):
         y = solve_triangular(lu, _permute_rows(b, pivots), upper=False, unitriangular=True)
         return solve_triangular(lu, y, upper=True)
     y = solve_triangular(lu.mT, b, upper=False)
-    return _unpermute_rows(solve_triangular(lu.mT, y, upper=True, unitriangular=True), pivots)
+    return _permute_rows(solve_triangular(lu.mT, y, upper=True, unitriangular=True), pivots, inverse=True)
 
 
 def _det_parts(a):

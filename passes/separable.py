@@ -66,6 +66,17 @@ def _apply(x, mats, transpose: bool):
 def avg_pool(nd: int):
     """``avg_poolNd(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)``."""
     def fn(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        if not x.is_floating_point():  # integer sums, then C++ integer division (truncating), as ATen
+            ones = _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, 1)
+            sums = _apply(x, ones, transpose=False)
+            if divisor_override is not None:
+                return torch.div(sums, divisor_override, rounding_mode="trunc")
+            weights = _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+            count = None
+            for i, m in enumerate(weights):  # each row's weight is 1/count along that dim
+                c = (1.0 / m.amax(-1)).round().to(torch.int64).reshape([-1] + [1] * (nd - 1 - i))
+                count = c if count is None else count * c
+            return torch.div(sums, count, rounding_mode="trunc")
         mats = _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                   divisor_override)
         out = _apply(x, mats, transpose=False)
