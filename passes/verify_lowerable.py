@@ -37,7 +37,7 @@ class VerifyLowerable:
     def run(self, gm: torch.fx.GraphModule) -> bool:
         if unsupported_ops(gm):
             # Lower anyway, with stand-ins for the missing ops, so the one error also lists the cases
-            # that existing rules decline (e.g. index_put with two index tensors). If lowering
+            # that existing rules decline (e.g. index_put with a boolean mask and a values tensor). If lowering
             # succeeds, the ops were never needed by the kernel (e.g. `split` returning views of an
             # input, which the runtime rebuilds with as_strided).
             from neuron_compile.lowering.emit import lower_graph

@@ -123,18 +123,19 @@ def test_public_error_types_are_exported():
         assert issubclass(getattr(neuron_compile, name), neuron_compile.NeuronCompileError)
 
 
-def declined_and_missing(x, i, j):
+def declined_and_missing(x, mask, values):
     y = x.clone()
-    y[i, j] = 1.0                      # index_put with two index tensors: its rule declines this case
+    y[mask] = values                   # index_put with a boolean mask and a values tensor: declined
     return torch.ops.neuron_test.mystery_a(y)
 
 
 def test_a_rule_declining_a_case_is_listed_with_the_other_unsupported_ops():
-    err = _unsupported_error(declined_and_missing, torch.randn(4, 4), torch.tensor([0, 2]), torch.tensor([1, 3]))
+    err = _unsupported_error(declined_and_missing, torch.randn(4, 4), torch.tensor([True, False, True, False]),
+                             torch.randn(2, 4))
     by_op = {u.op: u for u in err.ops}
     assert set(by_op) == {"aten.index_put.default", "neuron_test.mystery_a.default"}
-    assert "one index tensor on dimension 0" in by_op["aten.index_put.default"].reason
-    assert by_op["aten.index_put.default"].location.endswith(f":{_line_of(declined_and_missing, 'y[i, j]')}")
+    assert "boolean mask and a values tensor" in by_op["aten.index_put.default"].reason
+    assert by_op["aten.index_put.default"].location.endswith(f":{_line_of(declined_and_missing, 'y[mask]')}")
 
 
 def test_mode_argument_is_ignored_with_a_warning():
