@@ -172,6 +172,12 @@ class ScalarBuilder:
         table = _CMP_UI if a.dtype in UNSIGNED else _CMP_SI
         return self._emit(f"arith.cmpi {table[pred]}, {a.name}, {b.name} : {a.type}", torch.bool)
 
+    def isnan(self, a: Scalar) -> Scalar:
+        """``a != a`` (``arith.cmpf uno``); constant false for integer and bool values."""
+        if not a.dtype.is_floating_point:
+            return self.const(False, torch.bool)
+        return self._emit(f"arith.cmpf uno, {a.name}, {a.name} : {a.type}", torch.bool)
+
     def select(self, cond: Scalar, a: Scalar, b: Scalar) -> Scalar:
         assert a.dtype == b.dtype and cond.dtype == torch.bool, (cond, a, b)
         return self._emit(f"arith.select {cond.name}, {a.name}, {b.name} : {a.type}", a.dtype)
@@ -225,7 +231,7 @@ class ScalarBuilder:
                 y = self.mul(y, self._emit(f"arith.bitcast {bits.name} : i32 to f32", f32))
             y = self.select(self.cmp("gt", a, hi), self.const(float("inf"), f32), y)
             y = self.select(self.cmp("lt", a, lo), self.const(0.0, f32), y)
-            is_nan = self._emit(f"arith.cmpf uno, {a.name}, {a.name} : f32", torch.bool)
+            is_nan = self.isnan(a)
             return self.select(is_nan, a, y)
 
     def _exact(self):

@@ -352,9 +352,7 @@ def lower_round_decimals(ctx: LoweringContext, a, *, decimals=0) -> TensorValue:
 @register_lowering(aten.isnan.default)
 def lower_isnan(ctx: LoweringContext, a) -> TensorValue:
     def fn(s, x):
-        if not x.dtype.is_floating_point:
-            return s.const(False, torch.bool)
-        return s._emit(f"arith.cmpf uno, {x.name}, {x.name} : {x.type}", torch.bool)
+        return s.isnan(x)
     return _pointwise(ctx, fn, a, compute=a.dtype)
 
 

@@ -171,8 +171,7 @@ def _arg_extreme(ctx: LoweringContext, x, dim, keepdim: bool, kind: str):
         i = b.index(dim)
         better = b.cmp("gt" if kind == "max" else "lt", v, best)
         if floating:
-            v_nan = b._emit(f"arith.cmpf uno, {v.name}, {v.name} : {v.type}", torch.bool)
-            best_nan = b._emit(f"arith.cmpf uno, {best.name}, {best.name} : {best.type}", torch.bool)
+            v_nan, best_nan = b.isnan(v), b.isnan(best)
             better = b.logical_and(b.logical_or(better, v_nan), b.logical_not(best_nan))
         # the first position always initialises the running best (covers an all -inf/NaN slice)
         better = b.logical_or(better, b.cmp("eq", i, b.const(0, torch.int64)))
@@ -278,8 +277,7 @@ def _scan_extreme(ctx: LoweringContext, x, dim: int, kind: str):
         j, i = b.index(r), b.index(dim)
         upd = b.cmp("ge" if kind == "max" else "le", v, best)
         if x.dtype.is_floating_point:
-            v_nan = b._emit(f"arith.cmpf uno, {v.name}, {v.name} : {v.type}", torch.bool)
-            best_nan = b._emit(f"arith.cmpf uno, {best.name}, {best.name} : {best.type}", torch.bool)
+            v_nan, best_nan = b.isnan(v), b.isnan(best)
             upd = b.logical_or(v_nan, b.logical_and(b.logical_not(best_nan), upd))
         upd = b.logical_or(upd, b.cmp("eq", j, b.const(0, torch.int64)))
         upd = b.logical_and(upd, b.cmp("le", j, i))

@@ -21,15 +21,9 @@ aten = torch.ops.aten
 FUSION_KIND = "opaque"
 
 
-def _isnan(b, x):
-    if not x.dtype.is_floating_point:
-        return b.const(False, torch.bool)
-    return b._emit(f"arith.cmpf uno, {x.name}, {x.name} : {x.type}", torch.bool)
-
-
 def _sorts_before(b, xj, xi, j, i, descending: bool):
     """Whether element j sorts before element i (stable: ties go by index)."""
-    nj, ni = _isnan(b, xj), _isnan(b, xi)
+    nj, ni = b.isnan(xj), b.isnan(xi)
     if descending:
         strictly = b.logical_or(b.cmp("gt", xj, xi), b.logical_and(nj, b.logical_not(ni)))
     else:
