@@ -97,8 +97,14 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     host_ops: list[HostOp] = []
     host_specs: list[TensorSpec] = []
     host_index: dict[torch.fx.Node, int] = {}
+    declines: list[UnsupportedOp] = []
     for node in graph.nodes:  # random ops run on the host, in graph order, whether used or not
         if node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            if not isinstance(node.meta["val"], torch.Tensor):  # e.g. rrelu_with_noise_functional's pair
+                declines.append(UnsupportedOp(op_name(node), node.name, user_location(node), rule_file_for(node.target),
+                                              "a random op runs on the host and must return one tensor"))
+                env[node] = _stand_in(LoweringContext(body, node, mlir_location(node)), node.meta["val"])
+                continue
             host_ops.append(_host_op(node, placeholders))
             val = node.meta["val"]
             spec = TensorSpec(tuple(val.shape), val.dtype, contiguous_strides(tuple(val.shape)))
@@ -108,7 +114,6 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     outputs = plan_outputs(gm, placeholders, host_index)
     live = live_nodes(outputs.kernel_nodes)  # views of inputs and dead values are never lowered
 
-    declines: list[UnsupportedOp] = []
     op_count = 0
     for node in graph.nodes:
         if node not in live or node in env:

@@ -132,6 +132,7 @@ class NeuronBackend:
         from torch._functorch.aot_autograd import aot_module_simplified
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from neuron_compile.compiler import compile_graph
+        from neuron_compile.passes import bounded
         from neuron_compile.passes.decompose import decomposition_table
 
         if mode not in (None, "default"):
@@ -139,6 +140,7 @@ class NeuronBackend:
                           "use options={...} (see neuron_compile.config.Config)", RuntimeWarning, stacklevel=2)
         config = resolve_config(options)
         _check_static(gm, example_inputs)
+        narrows = bounded.rewrite(gm)  # unique/nonzero/... whose results go straight to the outputs
         _check_no_data_dependent_sizes(gm)
 
         def compiler(kind: str):
@@ -154,10 +156,11 @@ class NeuronBackend:
         from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,
                                                            PendingUnbackedSymbolNotFound)
         try:
-            return aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler("forward"),
-                                         bw_compiler=compiler("backward"),
-                                         inference_compiler=compiler("inference"),
-                                         decompositions=decomposition_table())
+            compiled = aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler("forward"),
+                                             bw_compiler=compiler("backward"),
+                                             inference_compiler=compiler("inference"),
+                                             decompositions=decomposition_table())
+            return bounded.narrow_outputs(compiled, narrows)
         except (GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound) as e:
             raise _data_dependent_error(gm, e) from e
 

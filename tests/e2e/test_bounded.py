@@ -1,0 +1,64 @@
+"""Ops whose result size depends on tensor values (unique, nonzero, masked_select), returned from the
+compiled function: computed into a buffer of the static bound, narrowed to the count on the host."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import neuron_compile as nc
+
+
+def _same(got, exp):
+    got, exp = (got, exp) if isinstance(exp, tuple) else ((got,), (exp,))
+    assert len(got) == len(exp)
+    for g, e in zip(got, exp):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        torch.testing.assert_close(g, e, rtol=0, atol=0, equal_nan=True)
+
+
+X = torch.tensor([[3., 1., 2., 3.], [1., 5., 1., 3.], [3., 1., 2., 3.]])
+
+
+@pytest.mark.parametrize("kw", [
+    {}, {"return_inverse": True}, {"return_counts": True, "return_inverse": True},
+    {"dim": 0, "return_inverse": True, "return_counts": True}, {"dim": 1, "return_counts": True},
+    {"sorted": False},
+])
+def test_unique_matches_eager(kw):
+    _same(nc(lambda t: torch.unique(t, **kw), fullgraph=True)(X), torch.unique(X, **kw))
+
+
+@pytest.mark.parametrize("kw", [{}, {"return_inverse": True, "return_counts": True}, {"dim": 1, "return_counts": True}])
+def test_unique_consecutive_matches_eager(kw):
+    x = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 1, 2, 2, 7, 0]])
+    _same(nc(lambda t: torch.unique_consecutive(t, **kw), fullgraph=True)(x), torch.unique_consecutive(x, **kw))
+
+
+def test_unique_with_nan_keeps_each_nan_like_eager():
+    x = torch.tensor([float("nan"), 1.0, float("nan"), 1.0])
+    kw = {"return_inverse": True, "return_counts": True}
+    _same(nc(lambda t: torch.unique(t, **kw), fullgraph=True)(x), torch.unique(x, **kw))
+
+
+def test_nonzero_argwhere_masked_select_and_a_static_output_alongside():
+    x = torch.randn(4, 5)
+
+    def f(t):
+        return torch.nonzero(t > 0), torch.nonzero(t > 0.5, as_tuple=True), t.masked_select(t < 0), t * 2
+
+    got, exp = nc(f, fullgraph=True)(x), f(x)
+    _same((got[0], *got[1], got[2], got[3]), (exp[0], *exp[1], exp[2], exp[3]))
+    # a different count on the next call: the same executable, narrowed differently
+    y = -x
+    got, exp = nc(f, fullgraph=True)(y), f(y)
+    _same((got[0], *got[1], got[2], got[3]), (exp[0], *exp[1], exp[2], exp[3]))
+
+
+def test_masked_select_gradient_reaches_the_selected_elements():
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, False, True, False]])
+    out = nc(lambda t, m: torch.masked_select(t * 3, m), fullgraph=True)(x, mask)
+    ref = torch.masked_select(x.detach() * 3, mask)
+    torch.testing.assert_close(out.detach(), ref)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, (mask.expand(3, 4) * 3.0).to(torch.float64))
