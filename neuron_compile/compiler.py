@@ -60,10 +60,12 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
                 workdir: Path) -> Build:
     """Run every phase for ``gm`` (a cache miss); payload files land in ``workdir``."""
     from neuron_compile.lowering.emit import lower_graph
+    from neuron_compile.passes.host_checks import split_host_checks
     build_seconds: dict[str, float] = {}
     ops_in = sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
     dumper.fx(Phase.FX.value, gm)
     dumper.repro(gm)
+    checks = split_host_checks(gm)  # torch.linalg's error checks: run on the host after the kernel
     gm = run_fx_passes(gm, name, dumper, build_seconds, config.pass_names)
     dumper.fx(Phase.FX_OPT.value, gm)
     dumper.partition(gm)
@@ -71,6 +73,7 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     t0 = time.perf_counter()
     lowered = lower_graph(gm, name)
     build_seconds[Phase.LINALG.value] = time.perf_counter() - t0
+    lowered.plan.checks = checks
     build = Build(name, lowered.plan, seconds=build_seconds, ops=ops_in)
     if lowered.mlir:
         linalg_path = workdir / "kernel.linalg.mlir"

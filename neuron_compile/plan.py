@@ -62,7 +62,7 @@ def encode_value(v: Any) -> Any:
         return {"layout": str(v).replace("torch.", "")}
     if isinstance(v, torch.memory_format):
         return {"memory_format": str(v).replace("torch.", "")}
-    if isinstance(v, tuple) and v and v[0] in ("input", "empty"):
+    if isinstance(v, tuple) and v and v[0] in ("input", "empty", "output"):
         return {"ref": [encode_value(x) for x in v]}
     if isinstance(v, (list, tuple)):
         return {"list": [encode_value(x) for x in v], "tuple": isinstance(v, tuple)}
@@ -98,9 +98,10 @@ def op_from_name(name: str) -> Any:
 
 @dataclass(frozen=True)
 class HostOp:
-    """A random op run by torch on the host before the kernel.
+    """An ATen op run by torch on the host: a random op before the kernel, or a check after it.
 
-    ``args`` holds constants and references ``("input", i)`` / ``("empty", TensorSpec, zeroed)``.
+    ``args`` holds constants and references ``("input", i)`` / ``("empty", TensorSpec, zeroed)``
+    (random ops) or ``("output", i)``, the graph's output ``i`` (checks).
     """
 
     target: Any
@@ -153,7 +154,8 @@ class CallPlan:
 
     Kernel arguments, in order: ``inputs`` (graph inputs), ``host_specs`` (results of
     ``host_ops``), ``output_specs`` (buffers the kernel writes). ``outputs`` maps them (and views
-    of them) to the graph's outputs. ``mutated_inputs``: AOTAutograd returns new values of mutated
+    of them) to the graph's outputs. ``checks`` run after the kernel on trailing outputs that exist
+    only for them, and may raise (eager's errors); those outputs are then dropped. ``mutated_inputs``: AOTAutograd returns new values of mutated
     inputs as ordinary outputs and copies them back itself, so this is always empty here.
     """
 
@@ -162,6 +164,7 @@ class CallPlan:
     host_specs: list[TensorSpec] = field(default_factory=list)
     output_specs: list[TensorSpec] = field(default_factory=list)
     outputs: list[OutputSlot] = field(default_factory=list)
+    checks: list[HostOp] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"inputs": [s.to_json() for s in self.input_specs],
@@ -169,6 +172,7 @@ class CallPlan:
                 "host_specs": [s.to_json() for s in self.host_specs],
                 "kernel_outputs": [s.to_json() for s in self.output_specs],
                 "outputs": [o.to_json() for o in self.outputs],
+                "checks": [h.to_json() for h in self.checks],
                 "aliases": [{"output": i, "of": list(o.base)} for i, o in enumerate(self.outputs)
                             if o.kind == "view"] + [{"output": i, "of": ["input", o.index]}
                                                     for i, o in enumerate(self.outputs) if o.kind == "input"],
@@ -180,4 +184,5 @@ class CallPlan:
                         [HostOp.from_json(h) for h in d["host_ops"]],
                         [TensorSpec.from_json(s) for s in d["host_specs"]],
                         [TensorSpec.from_json(s) for s in d["kernel_outputs"]],
-                        [OutputSlot.from_json(o) for o in d["outputs"]])
+                        [OutputSlot.from_json(o) for o in d["outputs"]],
+                        [HostOp.from_json(h) for h in d["checks"]])

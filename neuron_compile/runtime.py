@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -90,6 +91,8 @@ class Executable:
 
     def _prepare_input(self, i: int, t: Any) -> torch.Tensor:
         spec = self.input_specs[i]
+        if t is None and math.prod(spec.shape) == 0:  # AOTAutograd's effect tokens arrive as None
+            return torch.empty(spec.shape, dtype=spec.dtype)
         if not isinstance(t, torch.Tensor):
             raise RuntimeCallError(f"{self.name}: input {i} must be a tensor, got {type(t).__name__}")
         if tuple(t.shape) != spec.shape or t.dtype != spec.dtype or t.device.type != "cpu":
@@ -100,10 +103,13 @@ class Executable:
             t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype).copy_(t)
         return t
 
-    def _run_host_op(self, op: HostOp, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    def _run_host_op(self, op: HostOp, inputs: Sequence[torch.Tensor],
+                     outputs: Sequence[torch.Tensor] = ()) -> Any:
         def resolve(a: Any) -> Any:
             if isinstance(a, tuple) and a and a[0] == "input":
                 return inputs[a[1]]
+            if isinstance(a, tuple) and a and a[0] == "output":
+                return outputs[a[1]]
             if isinstance(a, tuple) and a and a[0] == "empty":
                 spec, zeroed = a[1], a[2]
                 return (torch.zeros if zeroed else torch.empty)(spec.shape, dtype=spec.dtype)
@@ -111,7 +117,7 @@ class Executable:
                 return [resolve(x) for x in a]
             return a
         out = op.target(*[resolve(a) for a in op.args], **{k: resolve(v) for k, v in op.kwargs.items()})
-        return out.contiguous()
+        return out.contiguous() if isinstance(out, torch.Tensor) else out
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
         if len(args) != len(self.input_specs):
@@ -134,4 +140,6 @@ class Executable:
                 result.append(torch.as_strided(base, slot.size, slot.stride, slot.offset))
             else:
                 result.append(pools[slot.kind][slot.index])
-        return result
+        for check in self.plan.checks:  # e.g. torch.linalg's LinAlgError on a singular matrix
+            self._run_host_op(check, inputs, result)
+        return result[:len(result) - len(self.plan.checks)] if self.plan.checks else result

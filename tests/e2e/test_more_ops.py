@@ -258,3 +258,19 @@ def test_zero_dim_reductions_and_transposes_like_eager():
     f = lambda t: (t.max(0, keepdim=True), t.min(-1), t.mean(0, keepdim=True), t.sum(-1),  # noqa: E731
                    t.transpose(0, 0) * 2, t.argmax(0, keepdim=True))
     torch.testing.assert_close(neuron_compile(f)(x), f(x))
+
+
+def test_checked_linalg_ops_match_eager_and_raise_eagers_error_on_a_singular_matrix():
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 5, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    spd = a @ a.mT + 5 * torch.eye(5, dtype=torch.float64)
+    f = lambda a, b, spd: (torch.linalg.inv(a), torch.linalg.solve(a, b), torch.linalg.cholesky(spd))  # noqa: E731
+    compiled = neuron_compile(f)
+    for g, r in zip(compiled(a, b, spd), f(a, b, spd)):
+        torch.testing.assert_close(g, r)
+    singular = torch.ones(5, 5, dtype=torch.float64)
+    with pytest.raises(torch.linalg.LinAlgError) as eager_error:
+        f(singular, b, spd)
+    with pytest.raises(torch.linalg.LinAlgError) as ours:  # the same check, run on the host after the kernel
+        compiled(singular, b, spd)
+    assert str(ours.value) == str(eager_error.value)
