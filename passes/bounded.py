@@ -110,6 +110,14 @@ def masked_select(x, mask):
     return xb.reshape(-1)[at], mb.sum()
 
 
+def boolean_index(x, mask):
+    """Padded ``x[mask]`` for a boolean ``mask`` over x's leading dims: the selected slices in
+    row-major order, padded to ``mask.numel()`` slices with the first one (narrowed away)."""
+    k = mask.dim()
+    at = torch.nonzero_static(mask.reshape(-1), size=mask.numel(), fill_value=0).reshape(-1)
+    return x.reshape(mask.numel(), *x.shape[k:])[at], mask.sum()
+
+
 @dataclass(frozen=True)
 class Padded:
     """A padded form and, from the op's arguments (tensors as fake tensors), the bounded dim of each
@@ -122,6 +130,7 @@ _UNIQUE = Padded(unique, _unique_dims)
 _UNIQUE_CONSECUTIVE = Padded(unique_consecutive, _unique_dims)
 _NONZERO = Padded(nonzero, lambda x, as_tuple=False: [0] * max(x.dim(), 1) if as_tuple else [0])
 _MASKED_SELECT = Padded(masked_select, lambda x, mask: [0])
+_BOOLEAN_INDEX = Padded(boolean_index, lambda x, mask: [0])
 # Dynamo call targets (functions, or Tensor method names) -> padded form.
 PADDED: dict[Any, Padded] = {
     torch.unique: _UNIQUE, "unique": _UNIQUE,
@@ -141,7 +150,20 @@ class Narrow:
     count: int
 
 
+def _is_boolean_index(node: torch.fx.Node) -> bool:
+    """``x[mask]``: Dynamo's ``getitem`` of a tensor by one boolean tensor (not a tuple's getitem)."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return False
+    x, idx = node.args
+    xv = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
+    iv = idx.meta.get("example_value") if isinstance(idx, torch.fx.Node) else None
+    return (isinstance(xv, torch.Tensor) and isinstance(iv, torch.Tensor) and iv.dtype == torch.bool
+            and 0 < iv.dim() <= xv.dim() and tuple(iv.shape) == tuple(xv.shape[:iv.dim()]))
+
+
 def _padded_form(node: torch.fx.Node) -> Padded | None:
+    if _is_boolean_index(node):
+        return _BOOLEAN_INDEX
     if node.op in ("call_function", "call_method"):
         try:
             return PADDED.get(node.target)

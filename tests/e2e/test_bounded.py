@@ -62,3 +62,22 @@ def test_masked_select_gradient_reaches_the_selected_elements():
     torch.testing.assert_close(out.detach(), ref)
     out.sum().backward()
     torch.testing.assert_close(x.grad, (mask.expand(3, 4) * 3.0).to(torch.float64))
+
+
+def test_boolean_mask_index_returned_from_the_graph_matches_eager():
+    x, mask = torch.randn(5, 3, 2), torch.tensor([True, False, True, True, False])
+    f = lambda t, m: (t[m], t * 2)  # noqa: E731
+    _same(nc(f, fullgraph=True)(x, mask), f(x, mask))
+
+
+def test_a_bounded_result_used_by_further_computation_is_still_refused():
+    from neuron_compile.errors import UnsupportedOpsError
+    with pytest.raises(Exception) as info:
+        nc(lambda t: torch.unique(t).sum(), fullgraph=True)(X)
+    assert any(isinstance(e, UnsupportedOpsError) for e in _chain(info.value))
+
+
+def _chain(e):
+    while e is not None:
+        yield e
+        e = e.__cause__ or e.__context__
