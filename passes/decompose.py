@@ -14,7 +14,8 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
-from neuron_compile.passes import histogram, linalg, separable
+from neuron_compile.passes import (embedding, histogram, householder, jacobi, linalg, sampling, separable, special,
+                                   view_scatter)
 
 aten = torch.ops.aten
 
@@ -247,6 +248,9 @@ def _adaptive_max_pool(x, output_size):
 
 
 OURS: dict[object, tuple[Callable, str]] = {
+    aten.empty_permuted.default: (lambda size, physical_layout, **kw: torch.empty(
+        [size[p] for p in physical_layout], **kw).permute([physical_layout.index(d) for d in range(len(size))]),
+        "empty in the physical order, permuted to the logical one (ATen's own definition)"),
     aten.linalg_solve_triangular.default: (linalg.solve_triangular, "substitution unrolled over rows"),
     aten.triangular_solve.default: (linalg.triangular_solve, "substitution unrolled over rows"),
     aten.linalg_cholesky_ex.default: (linalg.cholesky_ex, "Cholesky-Banachiewicz unrolled over columns"),
@@ -257,10 +261,18 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.linalg_lu_solve.default: (linalg.lu_solve, "row interchanges and two triangular solves"),
     aten.lu_unpack.default: (linalg.lu_unpack, "triangles of LU; permutation from the interchanges"),
     aten.linalg_lu.default: (linalg.lu, "LU factor + unpack"),
+    aten._linalg_svd.default: (jacobi.svd, "one-sided Jacobi, round-robin sweeps unrolled, float64"),
+    aten._linalg_eigh.default: (jacobi.eigh, "two-sided cyclic Jacobi, round-robin sweeps unrolled, float64"),
+    aten.linalg_pinv.atol_rtol_tensor: (jacobi.pinv, "V diag(1/σ above tol) Uᵀ from the Jacobi SVD / eigh"),
     aten._linalg_det.default: (linalg.det, "LU: product of U's diagonal times the permutation's sign"),
     aten._linalg_slogdet.default: (linalg.slogdet, "LU: signs and log-magnitudes of U's diagonal"),
     aten.linalg_inv_ex.default: (linalg.inv_ex, "LU solves against the identity"),
     aten._linalg_solve_ex.default: (linalg.solve_ex, "LU factor + LU solve"),
+    aten.geqrf.default: (householder.geqrf, "dgeqr2: dlarfg + dlarf unrolled over columns"),
+    aten.linalg_qr.default: (householder.linalg_qr, "geqrf, then the reflectors applied to identity columns"),
+    aten.ormqr.default: (householder.ormqr, "dorm2r: the reflectors applied one by one"),
+    aten.linalg_householder_product.default: (householder.householder_product,
+                                              "dorg2r: the reflectors applied to identity columns"),
     aten.adaptive_max_pool2d.default: (_adaptive_max_pool, "windows masked out of the plane, amax + argmax"),
     aten.adaptive_max_pool3d.default: (_adaptive_max_pool, "windows masked out of the volume, amax + argmax"),
     aten.addbmm.default: (lambda x, b1, b2, *, beta=1, alpha=1: beta * x + alpha * (b1 @ b2).sum(0)
@@ -270,9 +282,22 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.index_reduce.default: (_index_reduce, "scatter_reduce with the index broadcast along dim"),
     aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
     aten.put.default: (_put, "index_put on the flattened tensor"),
+    aten._embedding_bag_forward_only.default: (embedding.embedding_bag, "bag-membership matmul, or masked amax"),
+    aten._embedding_bag.default: (embedding.embedding_bag, "bag-membership matmul, or masked amax"),
+    aten.embedding_renorm.default: (embedding.embedding_renorm, "referenced rows over max_norm rescaled"),
+    aten.grid_sampler_3d.default: (sampling.grid_sampler_3d, "8 corner gathers with trilinear weights, or the nearest"),
+    aten.take.default: (lambda x, index: x.reshape(-1).gather(
+        0, torch.where(index < 0, index + x.numel(), index).reshape(-1)).reshape(index.shape),
+        "gather from the flattened input (negative indices wrap); a 0-d index is a tensor, not .item()"),
+    aten.diagonal_scatter.default: (view_scatter.diagonal_scatter, "src merged where the diagonal mask holds"),
+    aten.as_strided_scatter.default: (view_scatter.as_strided_scatter, "index_put at the view's flat offsets"),
     aten.histc.default: (histogram.histc, "bin index by linear interpolation, one-hot counts"),
     aten.histogram.bin_ct: (histogram.histogram_bin_ct, "ATen's linspace edges, bin by edge count, one-hot counts"),
     aten.histogram.bins_tensor: (histogram.histogram_bins_tensor, "bin by edge count, one-hot counts"),
+    aten._histogramdd_bin_edges.default: (histogram.histogramdd_bin_edges, "per-dim outer edges, ATen's linspace"),
+    aten._histogramdd_from_bin_cts.default: (histogram.histogramdd_from_bin_cts, "flat bin index, one-hot counts"),
+    aten._histogramdd_from_bin_tensors.default: (histogram.histogramdd_from_bin_tensors,
+                                                 "std::upper_bound unrolled per dim, one-hot counts"),
     aten.median.dim: (_median_dim, "stable sort, then the element at the lower-median position"),
     aten.median.default: (lambda x: _median_dim(x.reshape(-1), 0)[0], "median of the flattened input"),
     aten.nanmedian.dim: (_nanmedian_dim, "stable sort (NaN last), lower median of the non-NaN prefix"),
@@ -292,6 +317,10 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
         _sdpa_flash_cpu_backward, "FlashAttention backward as matmuls (the forward is in the core table)"),
+    aten.lgamma.default: (special.lgamma, "Lanczos (g=7, n=9) + reflection, float64 elementwise"),
+    aten.digamma.default: (special.digamma, "ATen calc_digamma: reflection, fixed shift of 10, asymptotic series"),
+    aten.polygamma.default: (special.polygamma, "digamma / ATen trigamma / (-1)^(n+1) n! zeta(n+1, x)"),
+    aten.special_zeta.default: (special.zeta, "ATen zeta: 10 direct terms + Euler-Maclaurin, unrolled"),
 }
 
 

@@ -9,6 +9,8 @@ elements are not counted. Counts are a sum of one-hot comparisons (O(n·bins)).
 """
 from __future__ import annotations
 
+import builtins
+
 import torch
 
 
@@ -72,3 +74,72 @@ def histogram_bins_tensor(x, bins, *, weight=None, density: bool = False):
     if density:
         hist = hist / (hist.sum() * (bins[1:] - bins[:-1]))
     return hist, bins.clone()
+
+
+def _upper_bound(edges, x):
+    """``std::upper_bound(edges, edges + n, x) - edges`` per element of ``x``: the exact probe sequence
+    of the C++ binary search (unrolled over its ⌈log2(n+1)⌉ halvings), so edges that are not sorted
+    give eager's answer too."""
+    n = edges.numel()
+    first = torch.zeros(x.shape, dtype=torch.int64)
+    count = torch.full(x.shape, n, dtype=torch.int64)
+    for _ in range(max(n, 1).bit_length()):
+        step = count // 2
+        probe = first + step
+        right = (count > 0) & ~(x < edges[probe.clamp(max=max(n - 1, 0))])
+        first = torch.where(right, probe + 1, first)
+        count = torch.where(count > 0, torch.where(right, count - step - 1, step), count)
+    return first
+
+
+def _histogramdd(x, edges: list, weight, density: bool, search: bool):
+    """ATen's ``histogramdd`` over the last dim of ``x`` (N..., D) with per-dim ``edges``: an element
+    outside [first edge, last edge] in any dim (or NaN) is skipped; its bin per dim is the number of
+    edges <= x minus one (``search``: ``std::upper_bound`` exactly), the last edge closing the last bin."""
+    d = x.shape[-1]
+    coords = x.reshape(-1, d)
+    nbins = [e.numel() - 1 for e in edges]
+    flat = torch.zeros(coords.shape[0], dtype=torch.int64)
+    inside = torch.ones(coords.shape[0], dtype=torch.bool)
+    stride = 1
+    for k in reversed(range(d)):
+        c, e = coords[:, k], edges[k]
+        inside = inside & (c >= e[0]) & (c <= e[-1])
+        pos = (_upper_bound(e, c) if search else (c.reshape(-1, 1) >= e.reshape(1, -1)).sum(1)) - 1
+        pos = torch.where(pos == nbins[k], nbins[k] - 1, pos).clamp(min=0)
+        flat = flat + pos * stride
+        stride *= nbins[k]
+    total = stride
+    hist = _count(flat, inside, total, weight.reshape(-1) if weight is not None else None).to(x.dtype)
+    hist = hist.reshape(nbins)
+    if density:
+        hist = hist / hist.sum()
+        for k, e in enumerate(edges):
+            shape = [1] * d
+            shape[k] = nbins[k]
+            hist = hist / (e[1:] - e[:-1]).reshape(shape)
+    return hist
+
+
+def histogramdd_bin_edges(x, bins, range=None, weight=None, density: bool = False):  # noqa: A002
+    """``_histogramdd_bin_edges``: per dim of the last axis, ``bins[k] + 1`` edges spanning the
+    given ``range`` pair or the data's min and max (ATen's ``select_outer_bin_edges``), then linspace."""
+    d = x.shape[-1]
+    coords = x.reshape(-1, d)
+    out = []
+    for k in builtins.range(d):  # ``range`` is the op's argument here
+        pair = (range[2 * k], range[2 * k + 1]) if range is not None else (0, 0)
+        lo, hi = _outer_edges(coords[:, k], *pair, 0.5)
+        out.append(_linspace(lo, hi, bins[k] + 1))
+    return out
+
+
+def histogramdd_from_bin_cts(x, bins, range=None, weight=None, density: bool = False):  # noqa: A002
+    """``_histogramdd_from_bin_cts``: the histogram over :func:`histogramdd_bin_edges`."""
+    return _histogramdd(x, histogramdd_bin_edges(x, bins, range), weight, density, search=False)
+
+
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density: bool = False):
+    """``_histogramdd_from_bin_tensors``: the histogram over the given edge tensors, binned by
+    ``std::upper_bound`` as ATen's ``BINARY_SEARCH`` (so unsorted edges match eager too)."""
+    return _histogramdd(x, list(bins), weight, density, search=True)

@@ -9,7 +9,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tests.conftest import neuron_compile
-from tests.helpers import train_side_by_side
 
 CASES = {
     "vector_norm": (lambda t: torch.linalg.vector_norm(t, dim=-1) + t.norm(), (4, 6)),
@@ -274,3 +273,39 @@ def test_checked_linalg_ops_match_eager_and_raise_eagers_error_on_a_singular_mat
     with pytest.raises(torch.linalg.LinAlgError) as ours:  # the same check, run on the host after the kernel
         compiled(singular, b, spd)
     assert str(ours.value) == str(eager_error.value)
+
+
+def test_grid_sample_3d_embedding_bag_and_view_scatters_against_float64_eager():
+    torch.manual_seed(0)
+    vol, grid = torch.randn(2, 3, 4, 5, 6), torch.rand(2, 3, 2, 4, 3) * 2.4 - 1.2    # some points outside
+    weight, idx = torch.randn(10, 4), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 2, 2, 5])                                                # an empty bag
+    x, d = torch.randn(4, 5), torch.randn(4)
+
+    def f(vol, grid, weight, x, d):
+        out = [F.grid_sample(vol, grid, mode=m, padding_mode=p, align_corners=a)
+               for m in ("bilinear", "nearest") for p in ("zeros", "border", "reflection") for a in (False, True)]
+        out += [F.embedding_bag(idx, weight, offsets, mode=m, padding_idx=4) for m in ("sum", "mean", "max")]
+        out += [F.embedding_bag(idx, weight, offsets, mode="sum", per_sample_weights=torch.linspace(0, 1, 8,
+                                dtype=weight.dtype))]
+        out += [torch.diagonal_scatter(x, d, 1), torch.as_strided_scatter(x, d.reshape(2, 2), (2, 2), (5, 1), 3),
+                torch.take(x, torch.tensor([[0, -1], [7, 19]]))]
+        return out
+
+    got = neuron_compile(f)(vol, grid, weight, x, d)
+    ref = f(vol.double(), grid.double(), weight.double(), x.double(), d.double())
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-5, atol=1e-5)
+
+
+def test_histogramdd_with_counts_and_unsorted_edge_tensors_like_eager():
+    torch.manual_seed(0)
+    pts, w = torch.randn(30, 2), torch.rand(30)
+    edges = [torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([1.5, -2.0, 0.5, 3.0])]      # unsorted: std::upper_bound
+    f = lambda p, w: (*torch.histogramdd(p, [3, 4], weight=w, density=True),  # noqa: E731
+                      torch.histogramdd(p, edges).hist)
+    got, ref = neuron_compile(f)(pts, w), f(pts, w)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        for gi, ri in zip(g if isinstance(g, (list, tuple)) else [g], r if isinstance(r, (list, tuple)) else [r]):
+            torch.testing.assert_close(gi, ri)
