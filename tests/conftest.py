@@ -40,3 +40,5 @@ def pytest_addoption(parser):
     group.addoption("--opinfo-collect", action="store_true",
                     help="rewrite tests/opinfo/expectations.py from this run's outcomes instead of "
                          "checking them (wrong results and crashes still fail)")
+    group.addoption("--opinfo-report", default=None, metavar="PATH",
+                    help="also write every case's record (sample counts by outcome, notes) to PATH as JSON")

@@ -1,6 +1,9 @@
 """Parametrize the OpInfo sweep, gather each case's record, print coverage, regenerate the table."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from tests.opinfo import harness, table
@@ -37,6 +40,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
+    report = config.getoption("--opinfo-report")
+    if report and _RECORDS and _is_controller(config):
+        Path(report).write_text(json.dumps(_RECORDS, indent=1))
     if not (config.getoption("--opinfo-collect") and _RECORDS and _is_controller(config)):
         return
     runs = []
