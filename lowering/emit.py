@@ -105,7 +105,14 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
                                               "a random op runs on the host and must return one tensor"))
                 env[node] = _stand_in(LoweringContext(body, node, mlir_location(node)), node.meta["val"])
                 continue
-            host_ops.append(_host_op(node, placeholders))
+            try:
+                host_op = _host_op(node, placeholders)
+            except RuleDeclined as declined:
+                declines.append(UnsupportedOp(op_name(node), node.name, user_location(node),
+                                              rule_file_for(node.target), declined.reason))
+                env[node] = _stand_in(LoweringContext(body, node, mlir_location(node)), node.meta["val"])
+                continue
+            host_ops.append(host_op)
             val = node.meta["val"]
             spec = TensorSpec(tuple(val.shape), val.dtype, contiguous_strides(tuple(val.shape)))
             host_specs.append(spec)
@@ -292,9 +299,8 @@ def _host_op(node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> HostOp:
             if a.op == "call_function" and a.target in _EMPTY_FACTORIES:
                 return ("empty", TensorSpec.of(a.meta["val"]), a.target == torch.ops.aten.zeros_like.default
                         or a.target == torch.ops.aten.zeros.default)
-            raise LoweringError("a random op whose input is computed inside the graph is not supported; "
-                                "its random draws must come from graph inputs or fresh tensors",
-                                op=op_name(node), node=node.name, location=user_location(node))
+            raise RuleDeclined("a random op whose input is computed inside the graph runs on the host before "
+                               "the kernel, so its input must be a graph input or a fresh tensor")
         if isinstance(a, (list, tuple)):
             return type(a)(ref(x) for x in a)
         return a
