@@ -100,11 +100,6 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     declines: list[UnsupportedOp] = []
     for node in graph.nodes:  # random ops run on the host, in graph order, whether used or not
         if node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
-            if not isinstance(node.meta["val"], torch.Tensor):  # e.g. rrelu_with_noise_functional's pair
-                declines.append(UnsupportedOp(op_name(node), node.name, user_location(node), rule_file_for(node.target),
-                                              "a random op runs on the host and must return one tensor"))
-                env[node] = _stand_in(LoweringContext(body, node, mlir_location(node)), node.meta["val"])
-                continue
             try:
                 host_op = _host_op(node, placeholders)
             except RuleDeclined as declined:
@@ -292,6 +287,11 @@ def _constant(body: FunctionBody, node: torch.fx.Node, value: Any) -> TensorValu
 
 
 def _host_op(node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> HostOp:
+    """The :class:`HostOp` running random op ``node`` before the kernel; raises :class:`RuleDeclined`
+    for a case the host path cannot run (a tuple result, an input computed inside the graph)."""
+    if not isinstance(node.meta["val"], torch.Tensor):  # e.g. rrelu_with_noise_functional's pair
+        raise RuleDeclined("a random op runs on the host before the kernel and must return one tensor")
+
     def ref(a: Any) -> Any:
         if isinstance(a, torch.fx.Node):
             if a.op == "placeholder":

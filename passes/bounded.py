@@ -103,11 +103,9 @@ def nonzero(x, *, as_tuple=False):
 
 
 def masked_select(x, mask):
-    """Padded ``torch.masked_select``: the selected elements of the broadcast ``x`` in row-major
-    order, padded to the broadcast element count with the first element (narrowed away)."""
-    xb, mb = torch.broadcast_tensors(x, mask)
-    at = torch.nonzero_static(mb.reshape(-1), size=mb.numel(), fill_value=0).reshape(-1)
-    return xb.reshape(-1)[at], mb.sum()
+    """Padded ``torch.masked_select``: :func:`boolean_index` of the broadcast ``x`` by the broadcast
+    ``mask`` (the selected elements in row-major order)."""
+    return boolean_index(*torch.broadcast_tensors(x, mask))
 
 
 def boolean_index(x, mask):
