@@ -76,7 +76,8 @@ def _check_no_data_dependent_sizes(gm: torch.fx.GraphModule) -> None:
             seen |= new
             what = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
             found.append(UnsupportedOp(str(what), n.name, user_location(n), "lowering/emit.py",
-                                       "its output size depends on tensor values; only static shapes compile"))
+                                       "its output size depends on tensor values; only static shapes compile, "
+                                       "except unique/nonzero/masked_select/x[mask] results returned directly"))
     if found:
         raise UnsupportedOpsError(found, "the Dynamo graph")
 
