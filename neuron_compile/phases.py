@@ -38,7 +38,7 @@ BUFFERIZE = ("empty-tensor-to-alloc-tensor,"
              "one-shot-bufferize{bufferize-function-boundaries=0},canonicalize,"
              "buffer-deallocation-pipeline,convert-bufferization-to-memref")
 LOOPS = "func.func(convert-linalg-to-loops),canonicalize,cse"
-TO_LLVM = ("convert-scf-to-cf,expand-strided-metadata,lower-affine,finalize-memref-to-llvm,"
+TO_LLVM = ("arith-expand{include-bf16=true},convert-scf-to-cf,expand-strided-metadata,lower-affine,finalize-memref-to-llvm,"
            "convert-math-to-llvm{approximate-log1p=false},convert-math-to-libm,convert-arith-to-llvm,convert-index-to-llvm,"
            "convert-ub-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,reconcile-unrealized-casts")
 LINALG_TO_LLVM = f"builtin.module({TENSOR_OPT},{BUFFERIZE},{LOOPS},{TO_LLVM})"
