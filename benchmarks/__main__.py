@@ -1,0 +1,178 @@
+"""Eager vs Inductor vs neuron-compile, side by side in one process: ``python -m benchmarks``.
+
+For each thread count (``torch.set_num_threads``) and workload, every backend gets its own copy of
+the model; the first call (Dynamo + AOTAutograd + backend compile, empty caches) is reported as the
+cold compile time; after warm-up the backends are timed in interleaved rounds (one call each per
+round) and the median per backend is reported. Ratios are ``best of (eager, Inductor) / ours``
+(> 1: we are faster); GEMMs also show GFLOP/s and ours as % of ``torch.mm`` (eager).
+
+    python -m benchmarks [--threads 1 2] [--only gemm softmax ...] [--skip-heavy] [--out DIR]
+
+Writes ``DIR/benchmarks.json`` (every number) and ``DIR/benchmarks.png`` (ratio bars).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import Workload, workloads  # noqa: E402
+
+BACKENDS = ("eager", "inductor", "neuron")
+
+
+def _step(fn: Callable, inputs: tuple, train: bool) -> Callable[[], None]:
+    if train:
+        def step():
+            fn(*inputs).sum().backward()
+    else:
+        def step():
+            with torch.no_grad():
+                fn(*inputs)
+    return step
+
+
+def _compiled(backend: str, fn: Any) -> Any:
+    if backend == "eager":
+        return fn
+    return torch.compile(fn, backend=backend, dynamic=False)
+
+
+def measure(w: Workload, threads: int, min_rounds: int, budget_s: float) -> dict[str, Any]:
+    """Cold first-call time and steady-state median of every backend on ``w`` at ``threads``."""
+    torch.set_num_threads(threads)
+    torch._dynamo.reset()
+    fn, inputs = w.make()
+    steps, cold, errors = {}, {}, {}
+    for backend in BACKENDS:
+        model = copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn
+        args = tuple(t.detach().clone().requires_grad_(w.train and t.is_floating_point()) for t in inputs)
+        step = _step(_compiled(backend, model), args, w.train)
+        t0 = time.perf_counter()
+        try:
+            step()
+        except Exception as exc:  # a backend failing on a workload is reported, not fatal
+            errors[backend] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            continue
+        cold[backend] = time.perf_counter() - t0
+        step()
+        steps[backend] = step
+    samples: dict[str, list[float]] = {b: [] for b in steps}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < min_rounds or (time.perf_counter() - start < budget_s and rounds < 200):
+        for backend, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            samples[backend].append(time.perf_counter() - t0)
+        rounds += 1
+    med = {b: statistics.median(s) for b, s in samples.items()}
+    rec: dict[str, Any] = {"workload": w.name, "group": w.group, "threads": threads, "train": w.train,
+                           "rounds": rounds, "median_s": med, "cold_s": cold, "errors": errors}
+    best = min((med[b] for b in ("eager", "inductor") if b in med), default=None)
+    if best is not None and "neuron" in med:
+        rec["ratio_vs_best"] = best / med["neuron"]
+        rec["ratio_vs_eager"] = med["eager"] / med["neuron"] if "eager" in med else None
+    if w.flops:
+        rec["gflops"] = {b: w.flops / t / 1e9 for b, t in med.items()}
+        if "neuron" in med and "eager" in med:
+            rec["pct_of_torch_mm"] = med["eager"] / med["neuron"]
+    return rec
+
+
+def _fmt_ms(s: float | None) -> str:
+    return f"{s * 1e3:9.2f}" if s is not None else f"{'-':>9}"
+
+
+def print_table(records: list[dict[str, Any]]) -> None:
+    print(f"\n{'workload':<36} {'thr':>3} {'eager ms':>9} {'induct ms':>9} {'neuron ms':>9} "
+          f"{'best/ours':>9} {'GFLOP/s':>8} {'%torch.mm':>9} {'cold ours s':>11} {'cold ind s':>10}")
+    for r in records:
+        m, c = r["median_s"], r["cold_s"]
+        ratio = f"{r['ratio_vs_best']:9.2f}" if "ratio_vs_best" in r else f"{'-':>9}"
+        gf = f"{r['gflops'].get('neuron', 0):8.1f}" if "gflops" in r else f"{'':>8}"
+        pct = f"{r['pct_of_torch_mm']:9.0%}" if "pct_of_torch_mm" in r else f"{'':>9}"
+        cn = f"{c['neuron']:11.2f}" if "neuron" in c else f"{'-':>11}"
+        ci = f"{c['inductor']:10.2f}" if "inductor" in c else f"{'-':>10}"
+        print(f"{r['workload']:<36.36} {r['threads']:>3} {_fmt_ms(m.get('eager'))} {_fmt_ms(m.get('inductor'))} "
+              f"{_fmt_ms(m.get('neuron'))} {ratio} {gf} {pct} {cn} {ci}")
+        for b, e in r["errors"].items():
+            print(f"{'':<36}     {b} failed: {e}")
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[dev]'); no chart written", file=sys.stderr)
+        return
+    threads = sorted({r["threads"] for r in records})
+    names = list(dict.fromkeys(r["workload"] for r in records))
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(names) + 1.5))
+    height = 0.8 / len(threads)
+    for i, t in enumerate(threads):
+        vals = [next((r.get("ratio_vs_best", 0) for r in records if r["workload"] == n and r["threads"] == t), 0)
+                for n in names]
+        ax.barh([y + i * height for y in range(len(names))], vals, height=height, label=f"{t} thread(s)")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks([y + 0.4 - height / 2 for y in range(len(names))], names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("best of (eager, Inductor) time / neuron-compile time  (> 1: neuron-compile faster)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--only", nargs="+", help="run workloads whose name contains any of these words")
+    ap.add_argument("--skip-heavy", action="store_true", help="skip GEMM 2048 and GPT-2 (minutes each)")
+    ap.add_argument("--min-rounds", type=int, default=7)
+    ap.add_argument("--budget", type=float, default=3.0, help="seconds of timed rounds per workload (at least)")
+    ap.add_argument("--out", default=".", help="directory for benchmarks.json and benchmarks.png")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("NEURON_CACHE_DIR", tempfile.mkdtemp(prefix="bench-neuron-cache-"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-cache-"))
+    torch._inductor.config.fx_graph_cache = False  # Inductor compiles cold too (it bakes thread counts in)
+    chosen = [w for w in workloads() if (not args.only or any(o in w.name for o in args.only))
+              and not (args.skip_heavy and w.heavy)]
+    records = []
+    for t in args.threads:
+        for w in chosen:
+            rec = measure(w, t, args.min_rounds, args.budget)
+            records.append(rec)
+            print_table([rec])
+    print_table(records)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "cpu": _cpu(), "records": records}
+    (out / "benchmarks.json").write_text(json.dumps(meta, indent=1))
+    plot(records, out / "benchmarks.png")
+    print(f"\nwrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'}")
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        from neuron_compile.target import HostCPU
+        h = HostCPU.detect()
+        return f"{h.cpu} ({h.info().isa})"
+    except Exception:  # reporting only
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
