@@ -8,12 +8,17 @@ indexing map (never a materialised copy), following the linalg "structured ops" 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
+from neuron_compile.codegen.kernels import KernelInfo, parse_map_results
+from neuron_compile.codegen.strategy import Schedule, TargetInfo
+from neuron_compile.codegen.kernels import Operand as KernelOperand
 from neuron_compile.lowering.lazy import LazyTensor, pointwise
+from neuron_compile.lowering.locations import op_name
 from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, numel, storage_type, tensor_type
 from neuron_compile.lowering.scalar import ScalarBuilder
 from neuron_compile.errors import LoweringError, RuleDeclined
@@ -59,11 +64,54 @@ class BodyBuilder(ScalarBuilder):
 
 @dataclass
 class FunctionBody:
-    """The growing body of the one ``func.func`` a graph lowers to."""
+    """The growing body of the one ``func.func`` a graph lowers to.
+
+    ``kernels`` lists the loop nests over data emitted so far (accumulator fills and inits
+    excluded), in order; ``strides`` holds the memory strides of tensors bound to graph inputs
+    (the rest are allocated contiguous); ``fused_ops`` the ATen ops of each FX fusion group; with
+    ``profile`` every kernel is followed by a call that records its time
+    (:mod:`neuron_compile.profile`).
+    """
 
     namer: Namer = field(default_factory=Namer)
     lines: list[str] = field(default_factory=list)
-    kernels: int = 0  # loop nests over data emitted (accumulator fills and inits excluded)
+    kernels: list[KernelInfo] = field(default_factory=list)
+    strides: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    fused_ops: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    profile: bool = False
+    fills: set[str] = field(default_factory=set)  # tensors produced by linalg.fill (a kernel's init)
+    init_uses: dict[str, int] = field(default_factory=dict)  # value → times used as a destination (outs)
+    target: TargetInfo | None = None  # for strategies that shape the payload (matmul)
+    overrides: dict[str, Schedule] = field(default_factory=dict)  # parsed NEURON_SCHEDULE
+
+    def next_kernel_id(self) -> int:
+        return len(self.kernels)
+
+    def used_as_init(self, *values: TensorValue) -> None:
+        """Record destination (``outs``) uses: one value initialising two ops is what MLIR's
+        eliminate-empty-tensors miscompiles (:attr:`shares_inits`)."""
+        for v in values:
+            name = v.name.split("#")[0]
+            self.init_uses[name] = self.init_uses.get(name, 0) + 1
+
+    @property
+    def shares_inits(self) -> bool:
+        return any(n > 1 for n in self.init_uses.values())
+
+    def add_kernel(self, info: KernelInfo) -> None:
+        """Record a kernel whose root op (tagged with ``info.id``) was just appended."""
+        assert info.id == len(self.kernels), (info.id, len(self.kernels))
+        self.kernels.append(info)
+        if self.profile:
+            c = self.namer("prof")
+            self.lines += [f"    {c} = arith.constant {info.id} : i64",
+                           f"    func.call @{PROFILE_TICK}({c}) : (i64) -> ()"]
+
+    def operand(self, v: TensorValue, exprs: Sequence[str] = (), output: bool = False) -> KernelOperand:
+        return KernelOperand(v.shape, v.dtype, tuple(exprs), self.strides.get(v.name.split("#")[0]), output)
+
+
+PROFILE_TICK = "neuron_profile_tick"
 
 
 @dataclass
@@ -120,33 +168,36 @@ class LoweringContext:
         """A tensor of ``shape`` filled with ``value`` (``linalg.fill``)."""
         e = self.empty(shape, dtype)
         c = self.scalar_const(value, dtype)
-        return self.emit(f"linalg.fill ins({c.name} : {storage_type(dtype)}) outs({e.name} : {e.type}) -> {e.type}",
-                         e.shape, dtype)
+        out = self.emit(f"linalg.fill ins({c.name} : {storage_type(dtype)}) outs({e.name} : {e.type}) -> {e.type}",
+                        e.shape, dtype)
+        self.body.fills.add(out.name)
+        return out
 
     # -- linalg.generic --------------------------------------------------------------------------
     def generic(self, ins: Sequence[TensorValue], in_maps: Sequence[str], init: TensorValue,
                 out_map: str, iterators: Sequence[str], body: Callable[[BodyBuilder, list[Scalar]], Scalar],
-                kernel: bool = True) -> TensorValue:
-        """One ``linalg.generic`` with a single output (see :meth:`_generic`); float adds and
+                kernel: bool = True, kind: str | None = None, attrs: dict | None = None) -> TensorValue:
+        """One ``linalg.generic`` with a single output (see :meth:`generic_multi`); float adds and
         multiplies of a generic with ``reduction`` iterators may be reassociated."""
-        return self._generic(ins, in_maps, init, out_map, iterators, body, kernel)
-
-    def _generic(self, ins, in_maps, init, out_map, iterators, body, kernel) -> TensorValue:
         return self.generic_multi(ins, in_maps, [init], [out_map], iterators,
-                                  lambda b, args: [body(b, args)], kernel)[0]
+                                  lambda b, args: [body(b, args)], kernel, kind, attrs)[0]
 
     def generic_multi(self, ins: Sequence[TensorValue], in_maps: Sequence[str], inits: Sequence[TensorValue],
                       out_maps: Sequence[str], iterators: Sequence[str],
-                      body: Callable[[BodyBuilder, list[Scalar]], list[Scalar]], kernel: bool = True
-                      ) -> list[TensorValue]:
+                      body: Callable[[BodyBuilder, list[Scalar]], list[Scalar]], kernel: bool = True,
+                      kind: str | None = None, attrs: dict | None = None) -> list[TensorValue]:
         """One ``linalg.generic`` with several outputs (e.g. a value and its index).
 
         ``body(b, [in scalars..., out scalars...])`` returns the values to yield, one per output.
         ``inits`` are the outputs' initial values (read in the region only for reductions).
+        With ``kernel`` (a loop nest over data, not an accumulator init) the op is tagged
+        ``neuron.kernel``/``neuron.kind`` and recorded as a :class:`KernelInfo`; ``kind`` defaults
+        to ``pointwise`` or ``reduction`` from the iterators, ``attrs`` are kind-specific facts.
         """
         ins = [self.materialize(v) for v in ins]
         if numel(inits[0].shape) == 0:
             return list(inits)
+        self.body.used_as_init(*inits)
         args = [Scalar(self.body.namer("a"), v.dtype) for v in ins]
         accs = [Scalar(self.body.namer("a"), v.dtype) for v in inits]
         region: list[str] = []
@@ -154,11 +205,14 @@ class LoweringContext:
         results = [b.to_storage(r) for r in body(b, [b.from_storage(a.name, a.dtype) for a in args + accs])]
         maps = ", ".join(list(in_maps) + list(out_maps))
         its = ", ".join(f'"{t}"' for t in iterators)
+        kind = kind or ("reduction" if "reduction" in iterators else "pointwise")
+        kid = self.body.next_kernel_id()
+        tag = f', neuron.kernel = {kid} : i64, neuron.kind = "{kind}"' if kernel else ""
         ins_txt = ""
         if ins:
             ins_txt = f"ins({', '.join(v.name for v in ins)} : {', '.join(v.type for v in ins)}) "
         outs_txt = f"outs({', '.join(v.name for v in inits)} : {', '.join(v.type for v in inits)})"
-        head = f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{its}]}} {ins_txt}{outs_txt} {{"
+        head = f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{its}]{tag}}} {ins_txt}{outs_txt} {{"
         bb_args = ", ".join(f"{a.name}: {storage_type(a.dtype)}" for a in args + accs)
         name = self.body.namer("t")
         yields = ", ".join(r.name for r in results)
@@ -169,10 +223,37 @@ class LoweringContext:
                  f"    }} -> {inits[0].type if len(inits) == 1 else '(' + ', '.join(v.type for v in inits) + ')'}"
                  f" {self.loc}"]
         self.body.lines.extend(lines)
-        self.body.kernels += kernel
+        if kernel:
+            ranges = _loop_ranges(list(ins) + list(inits), [parse_map_results(m) for m in list(in_maps) + list(out_maps)],
+                                  len(iterators))
+            operands = tuple(self.body.operand(v, parse_map_results(m), output=i >= len(ins))
+                             for i, (v, m) in enumerate(zip(list(ins) + list(inits), list(in_maps) + list(out_maps))))
+            self.body.add_kernel(KernelInfo(
+                kid, kind, ranges, tuple(iterators), operands, *self._provenance(), attrs=dict(attrs or {}),
+                gather=any("tensor.extract " in ln or "linalg.index " in ln for ln in region), body_ops=len(region),
+                fill_inits=tuple(v.name in self.body.fills for v in inits)))
         if len(inits) == 1:
             return [TensorValue(name, inits[0].shape, inits[0].dtype)]
         return [TensorValue(f"{name}#{k}", v.shape, v.dtype) for k, v in enumerate(inits)]
+
+    def _provenance(self) -> tuple[str, tuple[str, ...]]:
+        """(FX node name, ATen ops of its fusion group) for a kernel this node's rule emits."""
+        if self.node is None:
+            return "", ()
+        group = self.node.meta.get("neuron_kernel")
+        ops = self.body.fused_ops.get(group) if group is not None else None
+        return self.node.name, ops or (op_name(self.node),)
+
+    def tagged_kernel(self, kind: str, ins: Sequence[TensorValue], outs: Sequence[TensorValue]
+                      ) -> tuple[str, KernelInfo]:
+        """A non-generic kernel (transpose, copy, a rule's loop) about to be emitted: its attribute
+        text ``{neuron.kernel = N : i64, neuron.kind = "..."}`` and its :class:`KernelInfo`, which the
+        caller passes to :meth:`FunctionBody.add_kernel` after the kernel's last line."""
+        kid = self.body.next_kernel_id()
+        info = KernelInfo(kid, kind, tuple(outs[0].shape) if outs else (), (),
+                          tuple(self.body.operand(v) for v in ins)
+                          + tuple(self.body.operand(v, output=True) for v in outs), *self._provenance())
+        return f'{{neuron.kernel = {kid} : i64, neuron.kind = "{kind}"}}', info
 
     def identity_map(self, rank: int) -> str:
         return affine_map(rank, [f"d{i}" for i in range(rank)])
@@ -244,7 +325,10 @@ class LoweringContext:
                 x = pre(b, x) if pre else b.cast(x, acc_dtype)
                 return combine(b, acc, x)
 
-            red = self.generic(ins, maps, init, affine_map(v.rank, [f"d{i}" for i in kept]), iters, body)
+            # a plain combiner (add, max, ...) on a non-bool accumulator: the linalg vectorizer
+            # recognises it as a reduction (bool accumulators are stored as i8 and converted)
+            red = self.generic(ins, maps, init, affine_map(v.rank, [f"d{i}" for i in kept]), iters, body,
+                               attrs={"combiner": acc_dtype != torch.bool})
         if keepdim:
             return self.reshape(red, tuple(1 if i in dims else v.shape[i] for i in range(v.rank)))
         return red
@@ -289,9 +373,11 @@ class LoweringContext:
         init = self.empty(shape, v.dtype)
         if numel(shape) == 0:
             return init
-        self.body.kernels += 1
-        return self.emit(f"linalg.transpose ins({v.name} : {v.type}) outs({init.name} : {init.type}) "
-                         f"permutation = [{', '.join(map(str, perm))}]", shape, v.dtype)
+        tag, info = self.tagged_kernel("transpose", [v], [init])
+        out = self.emit(f"linalg.transpose ins({v.name} : {v.type}) outs({init.name} : {init.type}) "
+                        f"permutation = [{', '.join(map(str, perm))}] {tag}", shape, v.dtype)
+        self.body.add_kernel(info)
+        return out
 
     def extract_slice(self, v: TensorValue, offsets: Sequence[int], sizes: Sequence[int],
                       strides: Sequence[int]) -> TensorValue:
@@ -311,13 +397,43 @@ class LoweringContext:
         if numel(src.shape) == 0:
             return dest
         strides = strides or [1] * dest.rank
-        self.body.kernels += 1  # a copy loop
-        return self.emit(
+        tag, info = self.tagged_kernel("copy", [src], [dest])  # a copy loop
+        self.body.used_as_init(dest)
+        out = self.emit(
             f"tensor.insert_slice {src.name} into {dest.name}[{', '.join(map(str, offsets))}] "
-            f"[{', '.join(map(str, src.shape))}] [{', '.join(map(str, strides))}] : {src.type} into {dest.type}",
+            f"[{', '.join(map(str, src.shape))}] [{', '.join(map(str, strides))}] {tag} : {src.type} into {dest.type}",
             dest.shape, dest.dtype)
+        self.body.add_kernel(info)
+        return out
 
     # -- contractions ----------------------------------------------------------------------------
+    def _tiled_matmul(self, a: TensorValue, b: TensorValue, out_dtype: torch.dtype, trans_a: bool, trans_b: bool,
+                      acc_init: "TensorValue | LazyTensor | None", m: int, n: int, k: int) -> TensorValue | None:
+        """The ``matmul`` strategy's payload (:mod:`lowering.gemm`) when its plan applies, else
+        ``None`` (the plain contraction generic below)."""
+        from neuron_compile.codegen.strategies import matmul as gemm
+        from neuron_compile.lowering.gemm import emit_gemm
+        target = self.body.target
+        if target is None or a.dtype != out_dtype or b.dtype != out_dtype or a.rank > 3 or a.rank != b.rank:
+            return None
+        sa, sb = self.body.strides.get(a.name), self.body.strides.get(b.name)
+        problem = gemm.GemmProblem(m, n, k, a.shape[0] if a.rank == 3 else 0, str(out_dtype).replace("torch.", ""),
+                                   trans_a, trans_b, _k_contiguous(sa, -2 if trans_a else -1, -1 if trans_a else -2),
+                                   not _k_contiguous(sb, -1 if trans_b else -2, -2 if trans_b else -1))
+        ov = self.body.overrides
+        forced = ov.get(str(self.body.next_kernel_id())) or ov.get("matmul") or ov.get("*")
+        if (forced is not None and forced.strategy != gemm.MatmulTiled.name) or not gemm.applies(problem, target):
+            return None
+        params = gemm.plan(problem, target, forced.params if forced else None).params
+        bias = init = None
+        if acc_init is not None:
+            acc_init = self.cast(acc_init, out_dtype)
+            if a.rank == 2 and isinstance(acc_init, TensorValue) and acc_init.shape in ((n,), (1, n)):
+                bias = self.reshape(acc_init, (n,)) if acc_init.rank == 2 else acc_init
+            else:
+                init = self.materialize(self.broadcast_to(acc_init, (*a.shape[:-2], m, n)), kernel=False)
+        return emit_gemm(self, a, b, problem, params, out_dtype, bias, init)
+
     def matmul(self, a: "TensorValue | LazyTensor", b: "TensorValue | LazyTensor", out_dtype: torch.dtype,
                trans_a: bool = False, trans_b: bool = False,
                acc_init: "TensorValue | LazyTensor | None" = None) -> TensorValue:
@@ -338,6 +454,9 @@ class LoweringContext:
         k = a.shape[-2] if trans_a else a.shape[-1]
         n = b.shape[-2] if trans_b else b.shape[-1]
         shape = (*batch, m, n)
+        tiled = self._tiled_matmul(a, b, out_dtype, trans_a, trans_b, acc_init, m, n, k)
+        if tiled is not None:
+            return tiled
         if acc_init is not None:
             # the accumulator's initial value belongs to the matmul kernel, like a zero fill
             acc = self.materialize(self.broadcast_to(self.cast(acc_init, out_dtype), shape), kernel=False)
@@ -363,7 +482,26 @@ class LoweringContext:
         def body(bb: BodyBuilder, args: list[Scalar]) -> Scalar:
             x, y, c = args
             return bb.add(c, bb.mul(bb.cast(x, out_dtype), bb.cast(y, out_dtype)))
-        return self.generic([a, b], [amap, bmap], acc, cmap, iters, body)
+        return self.generic([a, b], [amap, bmap], acc, cmap, iters, body, kind="matmul",
+                            attrs={"batch": math.prod(batch), "m": m, "n": n, "k": k,
+                                   "trans_a": trans_a, "trans_b": trans_b})
+
+
+def _k_contiguous(strides: tuple[int, ...] | None, k_dim: int, other_dim: int) -> bool:
+    """Whether the K dim of a stored matmul operand is its unit-stride one (``None``: contiguous)."""
+    if strides is None:
+        return k_dim == -1
+    return strides[k_dim] <= strides[other_dim]
+
+
+def _loop_ranges(values: Sequence[TensorValue], exprs: Sequence[tuple[str, ...]], rank: int) -> tuple[int, ...]:
+    """Static trip count of each loop dim of a generic, read off the operands indexed by it."""
+    ranges = [1] * rank
+    for v, ex in zip(values, exprs):
+        for size, e in zip(v.shape, ex):
+            if e.startswith("d") and e[1:].isdigit():
+                ranges[int(e[1:])] = size
+    return tuple(ranges)
 
 
 def _py_dtype(x: Any) -> torch.dtype:

@@ -15,14 +15,16 @@ eager PyTorch's own.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from neuron_compile.errors import (DynamicShapeError, LoweringError, NeuronCompileError, RuleDeclined,
                                    UnsupportedOp, UnsupportedOpsError)
-from neuron_compile.lowering.context import FunctionBody, LoweringContext
+from neuron_compile.codegen.kernels import KernelInfo
+from neuron_compile.codegen.strategy import Schedule, TargetInfo
+from neuron_compile.lowering.context import PROFILE_TICK, FunctionBody, LoweringContext
 from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, supported_dtype, tensor_bytes,
                                        tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
@@ -39,13 +41,15 @@ _EMPTY_FACTORIES = {torch.ops.aten.empty_like.default, torch.ops.aten.empty.memo
 
 @dataclass
 class LoweredGraph:
-    """Result of :func:`lower_graph`: the MLIR module text and the calling plan."""
+    """Result of :func:`lower_graph`: the MLIR module text, the calling plan and the kernels (in
+    the order they run; ``neuron.kernel`` attribute = index)."""
 
     mlir: str
     plan: CallPlan
     op_count: int = 0
-    kernels: int = 0
+    kernels: list[KernelInfo] = field(default_factory=list)
     bytes_avoided: int = 0
+    shares_inits: bool = False  # a value initialises two ops: eliminate-empty-tensors is unsafe
 
 
 def _static_spec(node: torch.fx.Node) -> TensorSpec:
@@ -62,11 +66,15 @@ def graph_input_specs(gm: torch.fx.GraphModule) -> list[TensorSpec]:
     return [_static_spec(n) for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredGraph:
+def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bool = False,
+                target: TargetInfo | None = None, overrides: dict[str, Schedule] | None = None) -> LoweredGraph:
     """Emit the MLIR module for ``gm``.
 
     Args:
         gm: an ATen-level FX graph whose nodes carry ``meta['val']`` (FakeTensors, static shapes).
+        profile: follow every kernel with a call recording its time (``NEURON_PROFILE``).
+        target: what the payload-shaping strategies (matmul) plan for (default: this host);
+            ``overrides``: parsed schedule overrides (``NEURON_SCHEDULE``).
     Returns:
         :class:`LoweredGraph`; ``mlir`` is empty when no output needs computing.
     Raises:
@@ -79,7 +87,10 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     bad_dtypes = unrepresentable_nodes(gm)
     if bad_dtypes:
         raise UnsupportedOpsError(bad_dtypes, graph_name)
-    body = FunctionBody()
+    if target is None:
+        from neuron_compile.target import HostCPU
+        target = HostCPU.detect().info()
+    body = FunctionBody(profile=profile, fused_ops=_fusion_groups(graph), target=target, overrides=dict(overrides or {}))
     env: dict[torch.fx.Node, Any] = {}
     sigs: list[str] = []
     prologue: list[str] = []
@@ -87,6 +98,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     def bind_input(name: str, spec: TensorSpec) -> TensorValue:
         sigs.append(f"%{name}: {memref_type(spec.shape, spec.dtype, spec.stride)} {{llvm.noalias}}")
         t = body.namer("in")
+        body.strides[t] = spec.stride
         prologue.append(f"    {t} = bufferization.to_tensor %{name} restrict : "
                         f"{memref_type(spec.shape, spec.dtype, spec.stride)} to {tensor_type(spec.shape, spec.dtype)}")
         return TensorValue(t, spec.shape, spec.dtype)
@@ -169,13 +181,30 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph") -> LoweredG
     mlir = ""
     if output_specs:
         sig = ", ".join(sigs + sigs_out)
-        lines = ["module {",
+        decls, begin = [], []
+        if profile:
+            decls = [f"  func.func private @{PROFILE_TICK}(i64)"]
+            c = body.namer("prof")
+            begin = [f"    {c} = arith.constant -1 : i64", f"    func.call @{PROFILE_TICK}({c}) : (i64) -> ()"]
+            n = body.namer("prof")  # the time after the last kernel: output copies
+            stores += [f"    {n} = arith.constant {len(body.kernels)} : i64",
+                       f"    func.call @{PROFILE_TICK}({n}) : (i64) -> ()"]
+        lines = ["module {", *decls,
                  f"  func.func @{KERNEL_SYMBOL}({sig}) attributes {{llvm.emit_c_interface}} {{",
-                 *prologue, *body.lines, *stores, "    return", "  }", "}"]
+                 *begin, *prologue, *body.lines, *stores, "    return", "  }", "}"]
         mlir = "\n".join(lines) + "\n"
     avoided = sum(v.nbytes for v in env.values() if isinstance(v, LazyTensor))
     return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count,
-                        body.kernels, avoided)
+                        body.kernels, avoided, body.shares_inits)
+
+
+def _fusion_groups(graph: torch.fx.Graph) -> dict[int, tuple[str, ...]]:
+    """The ATen ops of each FX fusion group (``node.meta['neuron_kernel']``), in graph order."""
+    groups: dict[int, list[str]] = {}
+    for n in graph.nodes:
+        if n.op == "call_function" and n.meta.get(KERNEL) is not None and n.target is not operator.getitem:
+            groups.setdefault(n.meta[KERNEL], []).append(op_name(n))
+    return {k: tuple(v) for k, v in groups.items()}
 
 
 LAZY_INPUT_KINDS = ("pointwise", "reduction")

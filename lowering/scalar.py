@@ -60,8 +60,15 @@ class ScalarBuilder:
                 # through float32, as c10::Half/BFloat16 convert a double (and without the
                 # compiler-rt __truncdf?f2 helpers LLVM would otherwise call)
                 return self.cast(self.cast(x, torch.float32), dst)
+            if (src, dst) == (torch.float32, torch.bfloat16):
+                return self._to_bfloat16(x)
             op = "arith.extf" if bits[src] < bits[dst] else "arith.truncf"
             return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
+        half = (torch.float16, torch.bfloat16)
+        if (dst in half and not src.is_floating_point) or (src in half and not dst.is_floating_point):
+            # through float32, as c10::Half/BFloat16 convert integers; LLVM would otherwise call
+            # compiler-rt helpers (__truncsfbf2, ...) that not every host's libgcc has
+            return self.cast(self.cast(x, torch.float32), dst)
         if not src.is_floating_point and dst.is_floating_point:
             op = "arith.uitofp" if src in UNSIGNED else "arith.sitofp"
             return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
@@ -75,6 +82,21 @@ class ScalarBuilder:
             op = "arith.extui" if src in UNSIGNED else "arith.extsi"
             return self._emit(f"{op} {x.name} : {st} to {dt}", dst)
         return self._emit(f"arith.trunci {x.name} : {st} to {dt}", dst)
+
+    def _to_bfloat16(self, x: Scalar) -> Scalar:
+        """float32 → bfloat16 rounding to nearest even in integer ops, as ``c10::BFloat16``
+        (``round_to_nearest_even``; NaN → 0x7FC0). Written out rather than ``arith.truncf`` because
+        LLVM lowers that to ``__truncsfbf2``, which GCC 12's libgcc lacks, and the canonicalizer folds
+        ``truncf(sitofp(i))`` into a ``sitofp`` to bf16 that no expansion pass handles."""
+        i32 = torch.int32
+        bits = self._emit(f"arith.bitcast {x.name} : f32 to i32", i32)
+        lsb = self._emit(f"arith.andi {self._emit(f'arith.shrui {bits.name}, {self.const(16, i32).name} : i32', i32).name}"
+                         f", {self.const(1, i32).name} : i32", i32)
+        bias = self.add(self.const(0x7FFF, i32), lsb)
+        rounded = self._emit(f"arith.shrui {self.add(bits, bias).name}, {self.const(16, i32).name} : i32", i32)
+        chosen = self.select(self.isnan(x), self.const(0x7FC0, i32), rounded)
+        half = self._emit(f"arith.trunci {chosen.name} : i32 to i16", torch.int16)
+        return self._emit(f"arith.bitcast {half.name} : i16 to bf16", torch.bfloat16)
 
     # -- arithmetic ------------------------------------------------------------------------------
     def _bin(self, fop: str, iop: str | None, a: Scalar, b: Scalar, uop: str | None = None) -> Scalar:
@@ -247,7 +269,40 @@ class ScalarBuilder:
         return _Exact()
 
     def log(self, a: Scalar) -> Scalar:
-        return self.unary("math.log", a)
+        """``log``; float32 inline (vectorizable) as Cephes ``logf``: x = m·2^e with m in
+        [√½, √2) from the exponent bits (subnormals scaled by 2^23 first), a degree-8 polynomial for
+        log(1 + f), and e·ln2 added in two parts. 0 → -inf, negative → NaN, inf and NaN pass
+        through. Without it ``math.log`` becomes scalar ``logf`` calls in every vector loop."""
+        if a.dtype != torch.float32:
+            return self.unary("math.log", a)
+        with self._exact():
+            f32, i32 = torch.float32, torch.int32
+            sub = self.cmp("lt", a, self.const(1.17549435e-38, f32))
+            x = self.select(sub, self.mul(a, self.const(8388608.0, f32)), a)
+            bits = self._emit(f"arith.bitcast {x.name} : f32 to i32", i32)
+            exp_bits = self._emit(f"arith.shrui {bits.name}, {self.const(23, i32).name} : i32", i32)
+            e = self.sub(self._emit(f"arith.andi {exp_bits.name}, {self.const(255, i32).name} : i32", i32),
+                         self.select(sub, self.const(149, i32), self.const(126, i32)))
+            mbits = self._emit(f"arith.ori {self._emit(f'arith.andi {bits.name}, {self.const(0x807FFFFF, i32).name} : i32', i32).name}"
+                               f", {self.const(0x3F000000, i32).name} : i32", i32)
+            m = self._emit(f"arith.bitcast {mbits.name} : i32 to f32", f32)  # in [0.5, 1)
+            small = self.cmp("lt", m, self.const(0.707106781186547524, f32))
+            e = self.select(small, self.sub(e, self.const(1, i32)), e)
+            f = self.sub(self.select(small, self.add(m, m), m), self.const(1.0, f32))
+            ef = self._emit(f"arith.sitofp {e.name} : i32 to f32", f32)
+            z = self.mul(f, f)
+            y = self.const(7.0376836292e-2, f32)
+            for c in (-1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
+                      2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1):
+                y = self.add(self.mul(y, f), self.const(c, f32))
+            y = self.mul(self.mul(y, f), z)
+            y = self.add(y, self.mul(ef, self.const(-2.12194440e-4, f32)))
+            y = self.sub(y, self.mul(z, self.const(0.5, f32)))
+            r = self.add(self.add(f, y), self.mul(ef, self.const(0.693359375, f32)))
+            r = self.select(self.cmp("eq", a, self.const(0.0, f32)), self.const(float("-inf"), f32), r)
+            r = self.select(self.cmp("lt", a, self.const(0.0, f32)), self.const(float("nan"), f32), r)
+            r = self.select(self.cmp("eq", a, self.const(float("inf"), f32)), a, r)
+            return self.select(self.isnan(a), a, r)
 
     def log1p(self, a: Scalar) -> Scalar:
         """``log(1 + x)`` accurate for small x (Goldberg, *What every computer scientist should know
@@ -279,7 +334,27 @@ class ScalarBuilder:
         return self.unary("math.rsqrt", a)
 
     def tanh(self, a: Scalar) -> Scalar:
-        return self.unary("math.tanh", a)
+        """``tanh``; float32 inline (vectorizable) as the rational approximation of Eigen and XLA
+        (``generic_fast_tanh_float``): x·P(x²)/Q(x²) on [-7.9053, 7.9053], x itself below 4e-4 (where
+        it is exact to float32); NaN propagates. Without it ``math.tanh`` becomes scalar ``tanhf``
+        calls (GPT-2's GELU is the tanh form)."""
+        if a.dtype != torch.float32:
+            return self.unary("math.tanh", a)
+        with self._exact():
+            f32 = torch.float32
+            x = self.minimum(self.maximum(a, self.const(-7.90531110763549805, f32)),
+                             self.const(7.90531110763549805, f32))
+            x2 = self.mul(x, x)
+            p = self.const(-2.76076847742355e-16, f32)
+            for c in (2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08, 1.48572235717979e-05,
+                      6.37261928875436e-04, 4.89352455891786e-03):
+                p = self.add(self.mul(p, x2), self.const(c, f32))
+            q = self.const(1.19825839466702e-06, f32)
+            for c in (1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03):
+                q = self.add(self.mul(q, x2), self.const(c, f32))
+            r = self.div(self.mul(p, x), q)
+            tiny = self.cmp("lt", self.abs(a), self.const(0.0004, f32))
+            return self.select(tiny, a, r)
 
     def erf(self, a: Scalar) -> Scalar:
         """``erf``; float32 inline (vectorizable) as the rational approximation Eigen and XLA use

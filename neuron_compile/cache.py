@@ -292,9 +292,9 @@ def build_to_executable(build: Build) -> Executable:
     from neuron_compile.executable import NATIVE
     from neuron_compile.runtime import load_shared_object
     if NATIVE not in build.payloads:
-        return Executable(build.plan, None, build.name)
+        return Executable(build.plan, None, build.name, kernels=build.kernels)
     fn, lib = load_shared_object(build.payloads[NATIVE])
-    return Executable(build.plan, fn, build.name, keepalive=lib)
+    return Executable(build.plan, fn, build.name, keepalive=lib, kernels=build.kernels)
 
 
 def compile_without_disk(key: CacheKey, compile_fn: Callable[[], Build]) -> Executable:

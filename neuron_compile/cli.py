@@ -128,7 +128,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import tempfile
     work = Path(tempfile.mkdtemp(prefix="neuron-cli-"))
     try:
-        out = mlir_to_llvm(src, work, timeout=600)
+        codegen = None
+        if args.schedule:
+            import json
+
+            from neuron_compile.codegen import plan_from_json
+            codegen = plan_from_json(json.loads(Path(args.schedule).read_text()))
+        out = mlir_to_llvm(src, work, timeout=600, codegen=codegen)
         if stop is Phase.OBJ:
             HostCPU.detect().codegen(out, work, 3, 600)
             out = work / "kernel.o"  # the relocatable object (kernel.so is what the runtime loads)
@@ -163,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--from", dest="from_phase", default="linalg", help="phase of FILE (linalg)")
     comp.add_argument("--emit", default="llvm", help="phase to stop after (llvm or obj)")
     comp.add_argument("-o", "--output")
+    comp.add_argument("--schedule", metavar="NN.schedule.json",
+                      help="apply the kernels' schedules recorded in a dump (default: every kernel as plain loops)")
     comp.set_defaults(func=cmd_compile)
     return ap
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import operator
 import logging
 import shutil
@@ -21,6 +22,8 @@ import torch
 from neuron_compile import counters
 from neuron_compile.cache import ArtifactCache, compile_without_disk, default_root
 from neuron_compile.cache_key import make_cache_key
+from neuron_compile.codegen import CodegenPlan, plan_codegen
+from neuron_compile.codegen.strategy import parse_overrides
 from neuron_compile.config import Config
 from neuron_compile.debug import Dumper
 from neuron_compile.executable import LLVM_MLIR, NATIVE, Build
@@ -48,10 +51,17 @@ def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, sec
     return Pipeline(build_passes(pass_names, graph_name), callback).run(gm)
 
 
-def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float, fuse: bool = True) -> Path:
-    """``linalg`` → ``llvm``: run :func:`~neuron_compile.phases.linalg_to_llvm` with ``mlir-opt``."""
+def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float, codegen: CodegenPlan | None = None) -> Path:
+    """``linalg`` → ``llvm``: run :func:`~neuron_compile.phases.linalg_to_llvm` with ``mlir-opt``,
+    applying ``codegen``'s schedules (written to ``kernel.schedule.mlir`` next to the output)."""
     out = workdir / LLVM_MLIR
-    run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={linalg_to_llvm(fuse)}",
+    library = None
+    if codegen is not None and codegen.library:
+        library = workdir / "kernel.schedule.mlir"
+        library.write_text(codegen.library)
+    pipeline = linalg_to_llvm(library, codegen.fragments if codegen else None,
+                              codegen.in_place_outputs if codegen else True)
+    run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={pipeline}",
                                  "-o", str(out)], linalg_path, timeout)
     return out
 
@@ -71,8 +81,11 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     dumper.partition(gm)
 
     t0 = time.perf_counter()
-    lowered = lower_graph(gm, name)
+    overrides = parse_overrides(config.schedule)
+    lowered = lower_graph(gm, name, profile=config.profile, target=target.info(), overrides=overrides)
+    codegen = plan_codegen(lowered.kernels, target.info(), overrides, in_place_outputs=not lowered.shares_inits)
     build_seconds[Phase.LINALG.value] = time.perf_counter() - t0
+    dumper.write("schedule", "json", json.dumps(codegen.to_json(), indent=1))
     lowered.plan.checks = checks
     build = Build(name, lowered.plan, seconds=build_seconds, ops=ops_in)
     if lowered.mlir:
@@ -80,22 +93,24 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
         linalg_path.write_text(lowered.mlir)
         dumper.copy(Phase.LINALG.value, linalg_path)
         t0 = time.perf_counter()
-        llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout, config.fuse)
+        llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout, codegen)
         build_seconds[Phase.LLVM.value] = time.perf_counter() - t0
+        if codegen.library:
+            dumper.copy("schedule", workdir / "kernel.schedule.mlir")
         dumper.copy(Phase.LLVM.value, llvm_path)
         t0 = time.perf_counter()
-        so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout)
+        so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout, config.profile)
         build_seconds[Phase.OBJ.value] = time.perf_counter() - t0
         dumper.copy(Phase.OBJ.value, workdir / "kernel.ll")
         build.payloads = {NATIVE: so, LLVM_MLIR: llvm_path}
     counters.bump("graphs_compiled")
     counters.bump("aten_ops", ops_in)
-    counters.bump("kernels", lowered.kernels)
+    counters.bump("kernels", len(lowered.kernels))
     for phase, secs in build_seconds.items():
         counters.add_seconds(phase, secs)
-    build.kernels = lowered.kernels
+    build.kernels = codegen.to_json()["kernels"]
     log.info("neuron-compile %s: %d ATen ops in, %d kernels out, %s of intermediates kept out of memory; %s",
-             name, build.ops, lowered.kernels, _human_bytes(lowered.bytes_avoided),
+             name, build.ops, len(lowered.kernels), _human_bytes(lowered.bytes_avoided),
              ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in build_seconds.items()))
     return build
 

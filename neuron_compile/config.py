@@ -7,6 +7,7 @@ uses.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
@@ -22,6 +23,8 @@ _ENV = {
     "cache_dir": "NEURON_CACHE_DIR",
     "cache_max_bytes": "NEURON_CACHE_MAX_BYTES",
     "passes": "NEURON_PASSES",
+    "schedule": "NEURON_SCHEDULE",
+    "profile": "NEURON_PROFILE",
 }
 
 
@@ -42,6 +45,11 @@ class Config:
             (``NEURON_CACHE_MAX_BYTES``, default 4 GiB).
         passes: the FX pass pipeline (``NEURON_PASSES``): ``default``, a comma list of pass names, or
             removals such as ``-fuse`` (see :mod:`neuron_compile.passes.registry`).
+        schedule: per-kernel codegen overrides as JSON (``NEURON_SCHEDULE``; a dict in ``options``),
+            e.g. ``{"matmul": "loops"}`` or ``{"3": {"strategy": ..., "params": {...}}}`` (see
+            :func:`neuron_compile.codegen.strategy.parse_overrides`).
+        profile: time every kernel and print a table per graph at exit (``NEURON_PROFILE``; see
+            :mod:`neuron_compile.profile`). Profiled code is compiled (and cached) separately.
     """
 
     dump_dir: str | None = None
@@ -52,6 +60,8 @@ class Config:
     cache_dir: str | None = None
     cache_max_bytes: int = 4 << 30
     passes: str = "default"
+    schedule: str = ""
+    profile: bool = False
 
     @property
     def pass_names(self) -> tuple[str, ...]:
@@ -64,7 +74,8 @@ class Config:
 
     def codegen_key(self) -> dict[str, Any]:
         """Fields that change generated code (part of the cache key); dumps and timeouts do not."""
-        return {"opt_level": self.opt_level, "passes": list(self.pass_names)}
+        return {"opt_level": self.opt_level, "passes": list(self.pass_names), "schedule": self.schedule,
+                "profile": self.profile}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +107,8 @@ def resolve_config(options: Mapping[str, Any] | None = None,
     """
     environ = os.environ if environ is None else environ
     options = dict(options or {})
+    if isinstance(options.get("schedule"), dict):
+        options["schedule"] = json.dumps(options["schedule"], sort_keys=True)
     names = {f.name: f for f in fields(Config)}
     unknown = sorted(set(options) - set(names))
     if unknown:
@@ -119,4 +132,6 @@ def resolve_config(options: Mapping[str, Any] | None = None,
     if cfg.compile_timeout <= 0:
         raise NeuronCompileError(f"compile_timeout must be > 0 seconds, got {cfg.compile_timeout}")
     cfg.pass_names  # noqa: B018  (validates the pass spec now, with a clear error)
+    from neuron_compile.codegen.strategy import parse_overrides
+    parse_overrides(cfg.schedule)  # likewise the schedule overrides
     return cfg

@@ -54,7 +54,7 @@ class Build:
     payloads: dict[str, Path] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     ops: int = 0
-    kernels: int = 0
+    kernels: list[dict[str, Any]] = field(default_factory=list)  # KernelInfo JSON + its schedule
 
 
 def write_executable(directory: Path, build: Build, key: CacheKey | None, target: Any) -> None:
@@ -149,7 +149,7 @@ def load_executable(path: str | Path, mode: str = "native", expect_key: str | No
     plan = CallPlan.from_json(manifest["plan"])
     name = manifest.get("name", directory.name)
     if manifest.get("entry_symbol") is None:
-        return Executable(plan, None, name)
+        return Executable(plan, None, name, kernels=manifest.get("kernels", []))
     from neuron_compile.target import HostCPU
     host = HostCPU.detect()
     tgt = manifest["target"]
@@ -159,10 +159,10 @@ def load_executable(path: str | Path, mode: str = "native", expect_key: str | No
                               f"{host.features}); its native code may not run here: recompile it")
     if mode == "native":
         fn, lib = _load_private_copy(directory / NATIVE, manifest["payloads"][NATIVE])
-        return Executable(plan, fn, name, keepalive=lib)
+        return Executable(plan, fn, name, keepalive=lib, kernels=manifest.get("kernels", []))
     if mode == "jit":
         fn, engine = _jit(directory / LLVM_MLIR, plan)
-        return Executable(plan, fn, name, keepalive=engine)
+        return Executable(plan, fn, name, keepalive=engine, kernels=manifest.get("kernels", []))
     raise ValueError(f"mode must be 'native' or 'jit', got {mode!r}")
 
 
@@ -198,11 +198,11 @@ def _jit(llvm_mlir: Path, plan: CallPlan):
     from mlir.execution_engine import ExecutionEngine
     from mlir.ir import Context, Module
 
-    from neuron_compile.toolchain import mlir_lib_dir
+    from neuron_compile.kernel_runtime import runtime_shared_library
     with Context():
         module = Module.parse(llvm_mlir.read_text())
-        engine = ExecutionEngine(module, opt_level=3,
-                                 shared_libs=[str(mlir_lib_dir() / "libmlir_c_runner_utils.so")])
+        # the kernel runtime (memrefCopy, OpenMP entry points, allocation) as a shared library
+        engine = ExecutionEngine(module, opt_level=3, shared_libs=[str(runtime_shared_library())])
     # raw_lookup returns the engine's *packed* wrapper `void(void **args)`: args[i] points at the
     # i-th argument, here itself a pointer to a memref descriptor.
     packed = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(engine.raw_lookup(f"_mlir_ciface_{KERNEL_SYMBOL}"))

@@ -8,6 +8,10 @@ LLVM 22 (MLIR ``Passes.md``; bufferization per the MLIR "Bufferization" doc).
 from __future__ import annotations
 
 import enum
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from neuron_compile.codegen.strategy import Slot
 
 
 class Phase(str, enum.Enum):
@@ -30,21 +34,44 @@ PHASE_ORDER = [Phase.FX, Phase.FX_OPT, Phase.LINALG, Phase.LLVM, Phase.OBJ]
 # linalg on tensors → loops → LLVM dialect. Fusion is decided by our `fuse` pass and done by the
 # emitter; MLIR's linalg-fuse-elementwise-ops is NOT run: it fused pointwise producers into
 # contraction generics, recomputing e.g. GELU once per multiply-add (measured 6x slower).
+# eliminate-empty-tensors makes the kernel producing a graph output write straight into the output
+# buffer (no temporary + copy). It must run BEFORE CSE: after CSE merged two identical linalg.fill
+# inits, it rewrote the shared init into one output buffer and the second reduction read the first
+# one's result (measured miscompile in LLVM 22.1.8, tests/unit/test_bufferization_regression.py).
+ELIMINATE_EMPTY = "eliminate-empty-tensors"
 TENSOR_OPT = "canonicalize,cse"
-# No eliminate-empty-tensors: after CSE merges two identical linalg.fill inits, it rewrote the shared
-# init into one output buffer and the second reduction read the first one's result (measured
-# miscompile in LLVM 22.1.8, see tests/unit/test_bufferization_regression.py).
 BUFFERIZE = ("empty-tensor-to-alloc-tensor,"
              "one-shot-bufferize{bufferize-function-boundaries=0},canonicalize,"
              "buffer-deallocation-pipeline,convert-bufferization-to-memref")
 LOOPS = "func.func(convert-linalg-to-loops),canonicalize,cse"
-TO_LLVM = ("arith-expand{include-bf16=true},convert-scf-to-cf,expand-strided-metadata,lower-affine,finalize-memref-to-llvm,"
-           "convert-math-to-llvm{approximate-log1p=false},convert-math-to-libm,convert-arith-to-llvm,convert-index-to-llvm,"
-           "convert-ub-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,reconcile-unrealized-casts")
-LINALG_TO_LLVM = f"builtin.module({TENSOR_OPT},{BUFFERIZE},{LOOPS},{TO_LLVM})"
+# allocations go through the kernel runtime's caching allocator (neuron_compile/kernel_runtime.py)
+MEMREF_TO_LLVM = "finalize-memref-to-llvm{use-generic-functions=true}"
+TO_LLVM = (f"arith-expand{{include-bf16=true}},convert-scf-to-cf,expand-strided-metadata,lower-affine,{MEMREF_TO_LLVM},"
+           "convert-math-to-llvm{approximate-log1p=false},convert-math-to-libm,convert-vector-to-llvm,convert-arith-to-llvm,"
+           "convert-index-to-llvm,"
+           "convert-ub-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,convert-openmp-to-llvm,reconcile-unrealized-casts")
+LINALG_TO_LLVM = f"builtin.module({ELIMINATE_EMPTY},{TENSOR_OPT},{BUFFERIZE},{LOOPS},{TO_LLVM})"
+# the kernels' schedules (neuron_compile.codegen) run first, on the emitter's IR as written
+TRANSFORM = "transform-preload-library{{transform-library-paths={library}}},transform-interpreter"
 
 
-def linalg_to_llvm(fuse: bool = True) -> str:
-    """The ``linalg`` → ``llvm`` pass pipeline string (fusion happens before MLIR, so ``fuse`` does
-    not change it)."""
-    return LINALG_TO_LLVM
+def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequence[str]] | None = None,
+                   eliminate_empty: bool = True) -> str:
+    """The ``linalg`` → ``llvm`` pass pipeline string.
+
+    Args:
+        library: the graph's transform library (:func:`neuron_compile.codegen.library.build_library`),
+            applied before bufferization; ``None`` when every kernel uses the ``loops`` strategy.
+        fragments: pass fragments the chosen strategies need, per slot, in strategy order (each
+            appears once).
+        eliminate_empty: write graph outputs in place (``False`` when one value initialises two
+            ops, which eliminate-empty-tensors miscompiles: ``unique``'s scatters, measured).
+    """
+    fragments = fragments or {}
+
+    def slot(s: Slot) -> str:
+        return "".join(f"{f}," for f in dict.fromkeys(fragments.get(s, ())))
+    head = TRANSFORM.format(library=library) + "," if library else ""
+    first = f"{ELIMINATE_EMPTY}," if eliminate_empty else ""
+    return (f"builtin.module({first}{head}{TENSOR_OPT},{BUFFERIZE},{slot(Slot.POST_BUFFERIZE)}{LOOPS},"
+            f"{slot(Slot.PRE_LLVM)}{TO_LLVM})")

@@ -39,6 +39,8 @@ def load_shared_object(path: Path) -> tuple[Callable[..., None], Any]:
         raise ExecutableError(f"cannot load kernel library {path}: {e}. Clear the cache entry "
                               "(neuron-compile cache clear) and recompile; if it persists, report it.") from e
     fn.restype = None
+    from neuron_compile.kernel_runtime import bind
+    bind(lib)  # parallel loops run on torch's OpenMP thread pool
     return fn, lib
 
 
@@ -78,8 +80,10 @@ class Executable:
             direct call with wrong inputs).
     """
 
-    def __init__(self, plan: CallPlan, kernel: Callable[..., None] | None, name: str, keepalive: Any = None):
+    def __init__(self, plan: CallPlan, kernel: Callable[..., None] | None, name: str, keepalive: Any = None,
+                 kernels: Sequence[dict] = ()):
         self.name = name
+        self.kernels = list(kernels)  # KernelInfo JSON with each kernel's schedule (manifest)
         self.plan = plan
         self.input_specs = plan.input_specs
         self.host_ops = plan.host_ops
@@ -88,6 +92,16 @@ class Executable:
         self.outputs: list[OutputSlot] = plan.outputs
         self._fn = kernel
         self._keepalive = keepalive  # the loaded library / JIT engine owning the code
+        from neuron_compile import profile
+        self.profile = profile.attach(self, keepalive)  # None unless compiled with NEURON_PROFILE
+
+    def __del__(self) -> None:
+        trim = getattr(self._keepalive, "neuron_runtime_trim", None)
+        if trim is not None:
+            try:
+                trim()  # the runtime's cached temporaries
+            except Exception:  # interpreter shutdown: nothing left to give back to
+                pass
 
     def _prepare_input(self, i: int, t: Any) -> torch.Tensor:
         spec = self.input_specs[i]

@@ -16,7 +16,26 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuron_compile.kernel_runtime import runtime_object
 from neuron_compile.toolchain import run_stage, tool
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        f = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return frozenset()
+    return frozenset(f.group(1).split()) if f else frozenset()
+
+
+def isa_of(flags: frozenset[str]) -> str:
+    """``avx512`` (AVX-512 F+VL), ``avx2`` (AVX2+FMA) or ``sse`` (baseline x86-64), from CPU flags."""
+    if {"avx512f", "avx512vl"} <= flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "sse"
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,53 +51,6 @@ def _cpu_identity() -> tuple[str, str]:
     except OSError:
         pass
     return model, hashlib.sha256(flags.encode()).hexdigest()[:16]
-
-
-# MLIR lowers memref.copy between non-identity layouts to a call to `memrefCopy`, which upstream
-# ships in libmlir_c_runner_utils.so (it drags in libMLIR and libLLVM: ~40 ms to load). Our kernels
-# carry their own copy of that routine instead (same contract as mlir/lib/ExecutionEngine/
-# CRunnerUtils.cpp), so a stored kernel.so loads alone, in well under a millisecond.
-RUNTIME_C = r"""
-#include <stdint.h>
-#include <string.h>
-typedef struct { int64_t rank; void *descriptor; } UnrankedMemRef;
-__attribute__((visibility("hidden")))
-void memrefCopy(int64_t elem, UnrankedMemRef *src, UnrankedMemRef *dst) {
-  int64_t rank = src->rank;
-  int64_t *s = (int64_t *)src->descriptor, *d = (int64_t *)dst->descriptor;
-  char *sp = (char *)s[1], *dp = (char *)d[1];
-  int64_t so = s[2], dof = d[2];
-  int64_t *sizes = s + 3, *ss = s + 3 + rank, *ds = d + 3 + rank;
-  if (rank == 0) { memcpy(dp + dof * elem, sp + so * elem, elem); return; }
-  for (int64_t i = 0; i < rank; i++) if (sizes[i] == 0) return;
-  int64_t idx[rank];
-  memset(idx, 0, sizeof idx);
-  for (;;) {
-    memcpy(dp + dof * elem, sp + so * elem, elem);
-    int64_t ax = rank - 1;
-    for (; ax >= 0; ax--) {
-      idx[ax]++; so += ss[ax]; dof += ds[ax];
-      if (idx[ax] < sizes[ax]) break;
-      so -= ss[ax] * sizes[ax]; dof -= ds[ax] * sizes[ax]; idx[ax] = 0;
-    }
-    if (ax < 0) return;
-  }
-}
-"""
-
-
-@functools.lru_cache(maxsize=1)
-def _runtime_object() -> Path:
-    """The kernel runtime (``memrefCopy``) compiled once per process."""
-    import atexit
-    import shutil
-    import tempfile
-    d = Path(tempfile.mkdtemp(prefix="neuron-runtime-"))
-    atexit.register(shutil.rmtree, d, True)
-    src, obj = d / "runtime.c", d / "runtime.o"
-    src.write_text(RUNTIME_C)
-    run_stage("obj", [tool("cc"), "-O2", "-fPIC", "-c", str(src), "-o", str(obj)], src, 120)
-    return obj
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,9 +85,17 @@ class HostCPU:
         """The target's part of a cache key."""
         return f"{self.name}:{self.triple}:{self.cpu}:{self.features}"
 
-    def codegen(self, llvm_mlir: Path, workdir: Path, opt_level: int, timeout: float) -> Path:
+    def info(self) -> "TargetInfo":
+        """What schedule selection knows of this CPU (:class:`~neuron_compile.codegen.TargetInfo`)."""
+        from neuron_compile.codegen.strategy import TargetInfo
+        isa = isa_of(_cpu_flags())
+        bits = {"avx512": 512, "avx2": 256}.get(isa, 128)
+        return TargetInfo(isa, bits, 32 if isa == "avx512" else 16)
+
+    def codegen(self, llvm_mlir: Path, workdir: Path, opt_level: int, timeout: float, profile: bool = False) -> Path:
         """LLVM-dialect MLIR → LLVM IR → optimised LLVM IR (``opt -O<n>``: loop vectorizer, LICM, ...)
-        → object (``llc``) → shared object (``cc -shared``)."""
+        → object (``llc``) → shared object (``cc -shared``), with the kernel runtime (and, for
+        ``profile``, the profile counters) linked in."""
         ll, opt_ll = workdir / "kernel.ll", workdir / "kernel.opt.ll"
         obj, so = workdir / "kernel.o", workdir / "kernel.so"
         cpu = [f"-mcpu={llc_host_cpu()}", f"-mtriple={self.triple}"]
@@ -126,6 +106,6 @@ class HostCPU:
                           str(opt_ll), "-o", str(obj)], opt_ll, timeout)
         # -z defs: a symbol nothing provides (a compiler-rt helper LLVM chose to call) fails here,
         # as a PipelineError with a reproduce command, not later in dlopen inside the user's process
-        run_stage("obj", [tool("cc"), "-shared", "-Wl,-z,defs", "-o", str(so), str(obj), str(_runtime_object()),
-                          "-lm"], obj, timeout)
+        runtime = [str(runtime_object("runtime"))] + ([str(runtime_object("profile"))] if profile else [])
+        run_stage("obj", [tool("cc"), "-shared", "-Wl,-z,defs", "-o", str(so), str(obj), *runtime, "-lm"], obj, timeout)
         return so

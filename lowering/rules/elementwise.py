@@ -274,7 +274,8 @@ def _unary(opname: str):
         _, dtype = ctx.out_spec()
         if not dtype.is_floating_point:  # floor/ceil/round/trunc of integers are identities
             return _pointwise(ctx, lambda s, x: x, a)
-        if opname in ("math.exp", "math.erf", "math.log1p", "math.expm1"):  # accurate/inline forms in the builder
+        if opname in ("math.exp", "math.erf", "math.log", "math.tanh", "math.log1p", "math.expm1"):
+            # accurate or inline (vectorizable) forms in the builder
             return _pointwise(ctx, lambda s, x: getattr(s, opname[5:])(x), a)
         return _pointwise(ctx, lambda s, x: s.unary(opname, x), a)
     rule.__name__ = f"lower_{opname.split('.')[1]}"

@@ -277,7 +277,8 @@ def _index_put_rows(ctx: LoweringContext, x: TensorValue, idx: TensorValue, valu
     if n == 0:
         return x
     nm, lines, loc = ctx.body.namer, ctx.body.lines, ctx.loc
-    ctx.body.kernels += 1
+    tag, info = ctx.tagged_kernel("loop", [vals, flat_idx], [x])
+    ctx.body.used_as_init(x)
     c0, c1, cn, i, acc, res = nm("c"), nm("c"), nm("c"), nm("i"), nm("acc"), nm("t")
     lines += [f"    {c0} = arith.constant 0 : index", f"    {c1} = arith.constant 1 : index",
               f"    {cn} = arith.constant {n} : index",
@@ -317,5 +318,6 @@ def _index_put_rows(ctx: LoweringContext, x: TensorValue, idx: TensorValue, valu
     lines += [f"      {outv} = tensor.insert_slice {upd} into {acc}[{r}{sep}{zeros}] [1{sep}{tail_sizes}] [{ones}]"
               f" : {row_t} into {x.type}",
               f"      scf.yield {outv} : {x.type}",
-              f"    }} {loc}"]
+              f"    }} {tag} {loc}"]
+    ctx.body.add_kernel(info)
     return TensorValue(res, x.shape, x.dtype)

@@ -11,7 +11,10 @@ import torch
 
 import neuron_compile.counters as M
 from neuron_compile.cache import clear_memory_cache
+from neuron_compile.cache_key import EXECUTABLE_FORMAT
 from neuron_compile.executable import LLVM_MLIR, NATIVE, load_executable
+
+LAYOUT = f"v{EXECUTABLE_FORMAT}"  # the cache's directory for this executable format
 
 
 def f(x, w):
@@ -31,7 +34,7 @@ def compile_and_run(cache_dir: Path, **options):
 
 
 def only_entry(cache_dir: Path) -> Path:
-    (entry,) = [p.parent for p in (cache_dir / "v1").glob("??/*/manifest.json")]
+    (entry,) = [p.parent for p in (cache_dir / LAYOUT).glob("??/*/manifest.json")]
     return entry
 
 
@@ -102,7 +105,7 @@ def test_read_only_cache_dir_serves_hits_and_compiles_misses_in_memory(tmp_path)
         msgs = [str(w.message) for w in caught if "cannot write its cache dir" in str(w.message)]
         assert len(msgs) == 1, msgs
         assert "in memory only" in msgs[0] and str(mnt) in msgs[0]
-        assert len(list(src.glob("v1/??/*/manifest.json"))) == 1  # nothing new was stored
+        assert len(list(src.glob(f"{LAYOUT}/??/*/manifest.json"))) == 1  # nothing new was stored
     finally:
         if how == "mount":
             subprocess.run(["umount", str(mnt)], check=True)
@@ -111,7 +114,7 @@ def test_read_only_cache_dir_serves_hits_and_compiles_misses_in_memory(tmp_path)
 
 
 def _entries_bytes(root: Path) -> tuple[int, int]:
-    entries = [p.parent for p in (root / "v1").glob("??/*/manifest.json")]
+    entries = [p.parent for p in (root / LAYOUT).glob("??/*/manifest.json")]
     return len(entries), sum(f.stat().st_size for e in entries for f in e.iterdir())
 
 
@@ -153,7 +156,7 @@ def test_eviction_never_removes_an_entry_another_process_holds_locked(tmp_path):
 def test_an_entry_moved_under_another_key_is_refused(tmp_path):
     compile_and_run(tmp_path, opt_level=1)
     compile_and_run(tmp_path, opt_level=2)
-    a, b = sorted(p.parent for p in (tmp_path / "v1").glob("??/*/manifest.json"))
+    a, b = sorted(p.parent for p in (tmp_path / LAYOUT).glob("??/*/manifest.json"))
     tmp = a.with_name("swap")
     os.rename(a, tmp)
     os.rename(b, a)

@@ -8,7 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+from neuron_compile.cache_key import EXECUTABLE_FORMAT
+
 ROOT = Path(__file__).resolve().parents[2]
+LAYOUT = f"v{EXECUTABLE_FORMAT}"  # the cache's directory for this executable format
 
 
 def run_workload(cache_dir: Path, mode: str = "train", extra_env: dict | None = None,
@@ -21,7 +24,7 @@ def run_workload(cache_dir: Path, mode: str = "train", extra_env: dict | None = 
 
 
 def entries(cache_dir: Path) -> list[Path]:
-    return sorted(p.parent for p in (cache_dir / "v1").glob("??/*/manifest.json"))
+    return sorted(p.parent for p in (cache_dir / LAYOUT).glob("??/*/manifest.json"))
 
 
 def test_second_process_compiles_nothing_and_is_bit_identical(tmp_path):
@@ -73,7 +76,7 @@ def test_sigkill_while_writing_leaves_nothing_that_loads(tmp_path):
                           timeout=600)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert entries(tmp_path) == []                         # nothing was published
-    assert any((tmp_path / "v1" / "tmp").iterdir())        # the half-written temp dir is what remains
+    assert any((tmp_path / LAYOUT / "tmp").iterdir())        # the half-written temp dir is what remains
     later = run_workload(tmp_path, "infer")
     assert later["ok"] and later["graphs_compiled"] == 1 and later["disk_hits"] == 0
     assert len(entries(tmp_path)) == 1

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from neuron_compile.cache_key import EXECUTABLE_FORMAT
 from neuron_compile.executable import NATIVE, load_executable
+
+LAYOUT = f"v{EXECUTABLE_FORMAT}"  # the cache's directory for this executable format
 from tests.cache.test_cache_entries import compile_and_run, f, only_entry
 
 
@@ -31,7 +34,7 @@ def test_cache_info_list_verify_clear(tmp_path):
     ok = cli("cache", "verify", "--cache-dir", str(tmp_path))
     assert ok.returncode == 0 and "2 ok, 0 bad" in ok.stdout
     victim = Path(listing[0]["key"][:2]) / listing[0]["key"]
-    with open(tmp_path / "v1" / victim / NATIVE, "r+b") as fh:
+    with open(tmp_path / LAYOUT / victim / NATIVE, "r+b") as fh:
         fh.truncate(10)
     bad = cli("cache", "verify", "--json", "--cache-dir", str(tmp_path))
     assert bad.returncode == 1

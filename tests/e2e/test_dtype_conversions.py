@@ -38,3 +38,16 @@ def test_float_conversion_matches_eager_bit_for_bit(src, dst):
     assert ours.dtype == dst
     assert torch.equal(ours.isnan(), eager.isnan())
     assert torch.equal(_bits(ours.nan_to_num(0.0)), _bits(eager.nan_to_num(0.0)))
+
+
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("integer", INTS, ids=str)
+def test_integer_half_conversions_match_eager(integer, half):
+    x = torch.arange(-300, 300, 7).to(integer) if integer != torch.bool else torch.arange(10) % 3 == 0
+    ours = neuron_compile(lambda t: (t.to(half) * 3, t.to(half).to(integer)))(x)  # (in range both ways)
+    eager = (x.to(half) * 3, x.to(half).to(integer))
+    for o, e in zip(ours, eager):
+        assert o.dtype == e.dtype and torch.equal(o, e)

@@ -74,9 +74,15 @@ def test_layout_folds_weight_transpose_into_the_matmul():
 
 
 def test_x_at_w_t_materialises_no_transposed_copy():
-    _, lowered = lower(lambda x, w: x @ w.t(), torch.randn(8, 16), torch.randn(32, 16))
+    from neuron_compile.codegen.strategy import parse_overrides
+    from neuron_compile.lowering.emit import lower_graph
+    gm, lowered = lower(lambda x, w: x @ w.t(), torch.randn(8, 16), torch.randn(32, 16))
     assert "linalg.transpose" not in lowered.mlir
-    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in lowered.mlir  # B read as (n, k): transposed map
+    # the tiled GEMM packs W as stored, [N, K], into its NR-wide panels: no transposed copy first
+    assert "linalg.pack %in" in lowered.mlir and "inner_dims_pos = [0]" in lowered.mlir
+    plain = lower_graph(gm, "test", overrides=parse_overrides('{"matmul": "loops"}'))
+    assert "linalg.transpose" not in plain.mlir
+    assert "affine_map<(d0, d1, d2) -> (d1, d2)>" in plain.mlir  # B read as (n, k): transposed map
     _, unfused = lower(lambda x, w: x @ w.t(), torch.randn(8, 16), torch.randn(32, 16), passes="-fold-transpose-into-matmul")
     assert "linalg.transpose" in unfused.mlir  # the pass is what removes it
 

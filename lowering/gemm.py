@@ -1,0 +1,191 @@
+"""The payload of a tiled GEMM: packs, a 4-D view of C and one contraction per region.
+
+Written for the ``matmul`` strategy (:mod:`neuron_compile.codegen.strategies.matmul`, which holds
+the reasoning and the measurements); every op is tagged ``neuron.kernel`` (the kernel) and
+``neuron.part`` (its role: ``gemm_r0``, ``init_r0``, ``packB_r0``, ``packA``, ``packB``) so the
+schedule finds it. Dims of each region's contraction: ``(batch?, m1, n1, k, m0, n0)`` with
+``m = mlo + m1·mr + m0`` and ``n = nlo + n1·nr + n0``:
+
+    A[m, k]  = Ap(m1, k, m0)   packed    or A4(m1, m0, k) / At4(k, m1, m0)   a view
+    B[k, n]  = Bp(n1, k, n0)   packed    or B4(k, n1, n0) / Bt4(n1, n0, k)   a view
+    C[m, n]  = C4(m1, m0, n1, n0)          a view of C's region (expand_shape: free)
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from neuron_compile.codegen.kernels import KernelInfo
+from neuron_compile.codegen.strategies.matmul import GemmProblem, regions
+from neuron_compile.lowering.ir import TensorValue, storage_type, tensor_type
+
+
+class _Writer:
+    """Appends tagged lines to the function body for one GEMM kernel."""
+
+    def __init__(self, ctx: Any, kernel_id: int, dtype: torch.dtype):
+        self.ctx, self.kid, self.dtype = ctx, kernel_id, dtype
+
+    def tag(self, part: str) -> str:
+        return f'neuron.kernel = {self.kid} : i64, neuron.kind = "matmul", neuron.part = "{part}"'
+
+    def ty(self, shape: Sequence[int]) -> str:
+        return tensor_type(tuple(shape), self.dtype)
+
+    def line(self, text: str, shape: Sequence[int], prefix: str = "t") -> TensorValue:
+        return self.ctx.emit(text, tuple(shape), self.dtype, prefix)
+
+    def slice(self, v: TensorValue, offsets: Sequence[int], sizes: Sequence[int]) -> TensorValue:
+        if list(offsets) == [0] * len(offsets) and tuple(sizes) == v.shape:
+            return v
+        return self.line(f"tensor.extract_slice {v.name}[{_j(offsets)}] [{_j(sizes)}] [{_j([1] * len(sizes))}] : "
+                         f"{v.type} to {self.ty(sizes)}", sizes)
+
+    def expand(self, v: TensorValue, groups: Sequence[Sequence[int]], shape: Sequence[int]) -> TensorValue:
+        if tuple(shape) == v.shape:
+            return v
+        return self.line(f"tensor.expand_shape {v.name} {_groups(groups)} output_shape [{_j(shape)}] : {v.type} "
+                         f"into {self.ty(shape)}", shape)
+
+    def collapse(self, v: TensorValue, groups: Sequence[Sequence[int]], shape: Sequence[int]) -> TensorValue:
+        if tuple(shape) == v.shape:
+            return v
+        return self.line(f"tensor.collapse_shape {v.name} {_groups(groups)} : {v.type} into {self.ty(shape)}", shape)
+
+    def pack(self, src: TensorValue, part: str, outer_perm: Sequence[int] | None, inner_pos: int, tile: int,
+             shape: Sequence[int]) -> TensorValue:
+        dest = self.line(f"tensor.empty() : {self.ty(shape)}", shape)
+        perm = f"outer_dims_perm = [{_j(outer_perm)}] " if outer_perm else ""
+        return self.line(f"linalg.pack {src.name} {perm}inner_dims_pos = [{inner_pos}] inner_tiles = [{tile}] into "
+                         f"{dest.name} {{{self.tag(part)}}} : {src.type} -> {dest.type}", shape)
+
+
+def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: Mapping[str, Any],
+              out_dtype: torch.dtype, bias: TensorValue | None, init: TensorValue | None) -> TensorValue:
+    """Write the GEMM ``op(a) @ op(b)`` (plus ``bias`` over N, or a full ``init`` of C's shape) as
+    the ``matmul`` strategy's payload and record it as one kernel.
+
+    Args:
+        a: [*batch, M, K] (or [*batch, K, M] when ``p.trans_a``); b: [*batch, K, N] (or [N, K]).
+        params: the schedule from :func:`~neuron_compile.codegen.strategies.matmul.plan`.
+    Returns:
+        C [*batch, M, N] in ``out_dtype`` (float32 or float64).
+    """
+    kid = ctx.body.next_kernel_id()
+    w = _Writer(ctx, kid, out_dtype)
+    nb = 1 if p.batch else 0
+    bp = [p.batch] if p.batch else []
+    m, n, k = p.m, p.n, p.k
+    mr, nr = params["MR"], params["NR"]
+    m1, n1 = m // mr, n // nr
+    mm, nm = m1 * mr, n1 * nr
+    zero_b = [0] * nb
+    keep_b = [[i] for i in range(nb)]
+
+    packed_a = packed_b = None
+    if params["pack_a"] and m1:
+        if p.trans_a:   # At [K, M] → Ap [M/MR, K, MR]
+            src = w.slice(a, zero_b + [0, 0], bp + [k, mm])
+            packed_a = w.pack(src, "packA", list(range(nb)) + [nb + 1, nb], nb + 1, mr, bp + [m1, k, mr])
+        else:           # A [M, K] → Ap
+            src = w.slice(a, zero_b + [0, 0], bp + [mm, k])
+            packed_a = w.pack(src, "packA", None, nb, mr, bp + [m1, k, mr])
+
+    def pack_b(part: str) -> TensorValue:
+        if p.trans_b:   # Bt [N, K] → Bp [N/NR, K, NR]
+            src = w.slice(b, zero_b + [0, 0], bp + [nm, k])
+            return w.pack(src, part, None, nb, nr, bp + [n1, k, nr])
+        src = w.slice(b, zero_b + [0, 0], bp + [k, nm])
+        return w.pack(src, part, list(range(nb)) + [nb + 1, nb], nb + 1, nr, bp + [n1, k, nr])
+
+    if params["pack_b"] and n1 and not params["fuse_pack_b"]:
+        packed_b = pack_b("packB")
+
+    dims = (["b"] if nb else []) + ["m1", "n1", "k", "m0", "n0"]
+    bd = ["b"] if nb else []
+    c_shape = bp + [m, n]
+    c = w.line(f"tensor.empty() : {w.ty(c_shape)}", c_shape)
+    if init is not None:  # a full initial C (baddbmm-style): computed into C before the regions
+        c = init
+        ctx.body.used_as_init(init)
+    for r in regions(m, n, params):
+        rows, cols = r.m1 * r.mr, r.n1 * r.nr
+        if r.a_packed:
+            a_op, a_map = packed_a, bd + ["m1", "k", "m0"]
+        elif p.trans_a:
+            s = w.slice(a, zero_b + [0, r.mlo], bp + [k, rows])
+            a_op, a_map = w.expand(s, keep_b + [[nb], [nb + 1, nb + 2]], bp + [k, r.m1, r.mr]), bd + ["k", "m1", "m0"]
+        else:
+            s = w.slice(a, zero_b + [r.mlo, 0], bp + [rows, k])
+            a_op, a_map = w.expand(s, keep_b + [[nb, nb + 1], [nb + 2]], bp + [r.m1, r.mr, k]), bd + ["m1", "m0", "k"]
+        if r.b_packed:
+            b_op = pack_b(f"packB_r{r.idx}") if params["fuse_pack_b"] else packed_b
+            b_map = bd + ["n1", "k", "n0"]
+        elif p.trans_b:
+            s = w.slice(b, zero_b + [r.nlo, 0], bp + [cols, k])
+            b_op, b_map = w.expand(s, keep_b + [[nb, nb + 1], [nb + 2]], bp + [r.n1, r.nr, k]), bd + ["n1", "n0", "k"]
+        else:
+            s = w.slice(b, zero_b + [0, r.nlo], bp + [k, cols])
+            b_op, b_map = w.expand(s, keep_b + [[nb], [nb + 1, nb + 2]], bp + [k, r.n1, r.nr]), bd + ["k", "n1", "n0"]
+        c_off, c2, c4 = zero_b + [r.mlo, r.nlo], bp + [rows, cols], bp + [r.m1, r.mr, r.n1, r.nr]
+        c4_groups = keep_b + [[nb, nb + 1], [nb + 2, nb + 3]]
+        region_c = w.slice(c, c_off, c2)
+        view = w.expand(region_c, c4_groups, c4)
+        c_map = bd + ["m1", "m0", "n1", "n0"]
+        if bias is not None:
+            bv = w.expand(w.slice(bias, [r.nlo], [cols]), [[0, 1]], [r.n1, r.nr])
+            cdims = bd + ["m1", "m0", "n1", "n0"]
+            acc0 = w.line(f"linalg.generic {{indexing_maps = [{_map(cdims, ['n1', 'n0'])}, {_map(cdims, cdims)}], "
+                          f"iterator_types = [{_its(['parallel'] * len(cdims))}], {w.tag(f'init_r{r.idx}')}}} "
+                          f"ins({bv.name} : {bv.type}) outs({view.name} : {view.type}) {{\n"
+                          f"    ^bb0(%bi: {storage_type(out_dtype)}, %bo: {storage_type(out_dtype)}):\n"
+                          f"      linalg.yield %bi : {storage_type(out_dtype)}\n    }} -> {view.type}", c4)
+        elif init is not None:
+            cdims = bd + ["m1", "m0", "n1", "n0"]
+            acc0 = w.line(f"linalg.generic {{indexing_maps = [{_map(cdims, cdims)}], iterator_types = "
+                          f"[{_its(['parallel'] * len(cdims))}], {w.tag(f'init_r{r.idx}')}}} outs({view.name} : "
+                          f"{view.type}) {{\n    ^bb0(%bo: {storage_type(out_dtype)}):\n"
+                          f"      linalg.yield %bo : {storage_type(out_dtype)}\n    }} -> {view.type}", c4)
+        else:
+            zero = ctx.scalar_const(0, out_dtype)
+            acc0 = w.line(f"linalg.fill {{{w.tag(f'init_r{r.idx}')}}} ins({zero.name} : {storage_type(out_dtype)}) "
+                          f"outs({view.name} : {view.type}) -> {view.type}", c4)
+        its = (["parallel"] if nb else []) + ["parallel", "parallel", "reduction", "parallel", "parallel"]
+        et = storage_type(out_dtype)
+        prod = w.line(f"linalg.generic {{indexing_maps = [{_map(dims, a_map)}, {_map(dims, b_map)}, "
+                      f"{_map(dims, c_map)}], iterator_types = [{_its(its)}], {w.tag(f'gemm_r{r.idx}')}}} "
+                      f"ins({a_op.name}, {b_op.name} : {a_op.type}, {b_op.type}) outs({acc0.name} : {acc0.type}) {{\n"
+                      f"    ^bb0(%x: {et}, %y: {et}, %acc: {et}):\n"
+                      f"      %p = arith.mulf %x, %y fastmath<reassoc,contract> : {et}\n"
+                      f"      %s = arith.addf %acc, %p fastmath<reassoc,contract> : {et}\n"
+                      f"      linalg.yield %s : {et}\n    }} -> {acc0.type}", c4)
+        flat = w.collapse(prod, c4_groups, c2)
+        if region_c is c:
+            c = flat
+        else:
+            c = w.line(f"tensor.insert_slice {flat.name} into {c.name}[{_j(c_off)}] [{_j(c2)}] [{_j([1] * len(c2))}] "
+                       f": {flat.type} into {c.type}", c_shape)
+    ops = ctx._provenance()
+    operands = [ctx.body.operand(a), ctx.body.operand(b)] + ([ctx.body.operand(bias)] if bias is not None else [])
+    ctx.body.add_kernel(KernelInfo(kid, "matmul", (p.batch or 1, m, n, k), (), tuple(operands) + (
+        ctx.body.operand(c, output=True),), *ops, attrs={
+            "batch": p.batch or 1, "m": m, "n": n, "k": k, "trans_a": p.trans_a, "trans_b": p.trans_b,
+            "gemm": dict(params)}))
+    return c
+
+
+def _j(xs: Sequence[Any]) -> str:
+    return ", ".join(map(str, xs))
+
+
+def _groups(groups: Sequence[Sequence[int]]) -> str:
+    return "[" + ", ".join("[" + _j(g) + "]" for g in groups) + "]"
+
+
+def _its(its: Sequence[str]) -> str:
+    return ", ".join(f'"{t}"' for t in its)
+
+
+def _map(dims: Sequence[str], results: Sequence[str]) -> str:
+    return f"affine_map<({', '.join(dims)}) -> ({', '.join(results)})>"

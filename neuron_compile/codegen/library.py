@@ -1,0 +1,41 @@
+"""The transform library of one graph: one ``transform.named_sequence`` per scheduled kernel and a
+``@__transform_main`` including them in kernel order (MLIR transform dialect docs; applied by
+``transform-preload-library`` + ``transform-interpreter`` before bufferization)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from neuron_compile.codegen.kernels import KernelInfo
+from neuron_compile.codegen.strategy import Schedule, strategy_named
+
+ANY = "!transform.any_op"
+
+
+def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) -> str:
+    """The library text, or ``""`` when no kernel's schedule has a transform (pure ``loops``)."""
+    seqs, calls, cleanups = [], [], []
+    # a strategy with a higher ``order`` runs after the others, and so does its clean-up (which
+    # may rewrite the whole function)
+    ordered = sorted(zip(kernels, schedules), key=lambda ks: getattr(strategy_named(ks[1].strategy), "order", 0))
+    for k, s in ordered:
+        strategy = strategy_named(s.strategy)
+        if strategy.cleanup and strategy.cleanup not in cleanups:
+            cleanups.append(strategy.cleanup)
+        body = strategy.transform(k, s)
+        if not body:
+            continue
+        name = f"@kernel_{k.id}_{s.strategy.replace('-', '_')}"
+        seqs.append(f"  transform.named_sequence {name}(%root: {ANY} {{transform.readonly}}) {{\n"
+                    f"{body.rstrip()}\n    transform.yield\n  }}")
+        calls.append(f"    transform.include {name} failures(propagate) (%root) : ({ANY}) -> ()")
+    if not seqs:
+        return ""
+    main = (f"  transform.named_sequence @__transform_main(%root: {ANY} {{transform.readonly}}) {{\n"
+            + "\n".join(calls + cleanups) + "\n    transform.yield\n  }")
+    return "module attributes {transform.with_named_sequence} {\n" + "\n".join(seqs) + "\n" + main + "\n}\n"
+
+
+def match_kernel(kernel_id: int, result: str = "%k") -> str:
+    """A transform op binding ``result`` to the payload op tagged ``neuron.kernel = kernel_id``."""
+    return (f"    {result} = transform.structured.match attributes {{neuron.kernel = {kernel_id} : i64}} "
+            f"in %root : ({ANY}) -> {ANY}")

@@ -1,0 +1,267 @@
+"""Explicit SIMD for fused pointwise chains and reductions: tile, peel, vectorize (``linalg``
+vectorizer), with the outer loop an ``scf.forall`` that threads run.
+
+Three strategies, chosen from the kernel's iterators and which loop dim walks memory contiguously:
+
+- ``pointwise`` (every iterator parallel): ``scf.forall`` over the outermost non-contiguous dim
+  (about ``CHUNKS`` pieces of at least ``MIN_CHUNK`` elements), then rows of 1 and steps of
+  ``step = lanes × unroll`` along the contiguous dim. A partial last step is peeled; canonicalizing
+  the function then folds the one-trip remainder loop so both parts have static shapes (a 50257
+  row becomes 1570 full steps and one ``vector<17xf32>``). Broadcast operands become
+  ``vector.transfer_read`` + broadcast, and ``vector.sink_ops`` + LICM hoist row-invariant math
+  (layer_norm's ``rsqrt``) out of the inner loop, which LLVM did not do through memref descriptors.
+- ``row-reduction`` (the contiguous dim is reduced: softmax's max/sum, layer_norm's mean/var): the
+  forall over rows with the ``linalg.fill`` init fused in, one row at a time,
+  ``tile_reduction_using_for`` with ``step`` partial accumulators (kept in registers by
+  ``hoist_loop_invariant_subsets``) and one horizontal reduction per row. A row that ``step`` does not
+  divide is first split at the last multiple (``structured.split``): peeling the partial-reduction
+  loop instead left the accumulator in memory, 2× slower.
+- ``column-reduction`` (an outer dim is reduced, the contiguous one kept: bias gradients): the forall
+  over blocks of ``BLOCK`` columns, then column chunks of ``step`` outside and rows inside, so the
+  ``step`` accumulators stay in registers (1.5–2× faster than rows outside).
+
+Vector width follows the target (:class:`~neuron_compile.codegen.strategy.TargetInfo`): 8 float32
+lanes with AVX2, 16 with AVX-512; ``unroll`` is 4 registers per step (2 for bodies over 150 ops:
+register pressure). Kernels that read at computed indices (gathers) or are tiny keep the ``loops``
+strategy. Measured on Zen 1 (1 thread, ms, this machine): softmax 4096×1024 amax 11.8 → 2.6, exp
+22.8 → 12.9, div 11.3 → 4.0; layer_norm normalize 7–12 → 4–8; bias-gradient column sums 0.054 → 0.033.
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Mapping
+
+import torch
+
+from neuron_compile.codegen.kernels import KernelInfo
+from neuron_compile.codegen.strategy import Schedule, Slot, TargetInfo
+from neuron_compile.codegen.transform import VECTOR_CLEANUP, SequenceWriter
+from neuron_compile.phases import MEMREF_TO_LLVM
+
+CHUNKS = 64          # scf.forall iterations to aim for (threads × load balance)
+MIN_CHUNK = 16384    # elements: do not split work finer than this per forall iteration
+MIN_ELEMENTS = 64    # smaller kernels stay plain loops (nothing to gain, compile time to lose)
+BLOCK = 256          # columns per forall iteration of a column reduction
+LONG_BODY = 150      # region ops above which a step is 2 vectors instead of 4
+
+_BITS = {"float64": 64, "int64": 64, "float32": 32, "int32": 32, "float16": 16, "bfloat16": 16, "int16": 16,
+         "int8": 8, "uint8": 8, "bool": 8}
+
+# what a vectorized schedule needs around it: sequential foralls become scf.parallel for the OpenMP
+# conversion (the loops strategy never creates one); vector ops are unrolled to 1-D and lowered
+# (without full-unroll a kernel segfaulted in-process: design notes, Appendix A).
+# OpenMP's outlined bodies need memref.alloca_scope lowered before scf → cf (toolchain trap 9).
+FRAGMENTS: Mapping[Slot, str] = {
+    Slot.POST_BUFFERIZE: "func.func(scf-forall-to-parallel)",
+    Slot.PRE_LLVM: ("convert-vector-to-scf{full-unroll=true},canonicalize,cse,convert-scf-to-openmp,"
+                    f"expand-strided-metadata,lower-affine,{MEMREF_TO_LLVM}"),
+}
+
+
+def classify(k: KernelInfo) -> str | None:
+    """``pointwise``, ``row-reduction``, ``column-reduction``, or ``None``: what the linalg
+    vectorizer handles. Not: gathers and loop-index arithmetic, windowed reads (``d2 + d5``:
+    convolutions, pools), and reductions other than one plain combiner per output (argmax-style
+    value+index pairs, counting sorts: "Failed to analyse the reduction operation")."""
+    if k.kind not in ("pointwise", "reduction") or k.gather or not k.ranges or math.prod(k.ranges) < MIN_ELEMENTS:
+        return None
+    if not all(o.affine for o in k.operands):
+        return None
+    if any(o.dtype in (torch.float16, torch.bfloat16) for o in k.operands):
+        # LLVM legalises bf16 vector ops by promoting through float32 and rounding back with
+        # __truncsfbf2, a libgcc helper GCC 12 lacks (a link error): half-precision stays scalar
+        return None
+    if k.kind == "pointwise":
+        return "pointwise"
+    if not k.attrs.get("combiner"):
+        return None
+    return "row-reduction" if k.iterators[k.contiguous_dim] == "reduction" else "column-reduction"
+
+
+def lanes(k: KernelInfo, target: TargetInfo) -> int:
+    """One register of the narrowest element type among the operands spanning the contiguous dim."""
+    c = k.contiguous_dim
+    bits = [_BITS.get(str(o.dtype).replace("torch.", ""), 32) for o in k.operands if c in o.dims()]
+    return max(1, target.vector_bits // min(bits or [32]))
+
+
+def step(k: KernelInfo, target: TargetInfo, unroll: int | None = None) -> int:
+    """Elements per vector step along the contiguous dim (``lanes × unroll``, halved to fit the dim)."""
+    vl = lanes(k, target)
+    e = vl * (unroll or (4 if k.body_ops <= LONG_BODY else 2))
+    n = k.ranges[k.contiguous_dim]
+    while e > vl and e > n:
+        e //= 2
+    return e
+
+
+def _forall_over(k: KernelInfo, dims: list[int], elems_per_unit: int) -> list[int]:
+    """Tile the first of ``dims`` into about CHUNKS pieces of at least MIN_CHUNK elements."""
+    sizes = [0] * len(k.ranges)
+    if dims:
+        d = dims[0]
+        n = k.ranges[d]
+        chunks = max(1, min(n, CHUNKS, (n * elems_per_unit) // MIN_CHUNK))
+        sizes[d] = math.ceil(n / chunks)
+        if sizes[d] >= n:
+            sizes[d] = 0
+    return sizes
+
+
+def _extent_in_tile(k: KernelInfo, forall: list[int]) -> list[int | None]:
+    """Each dim's extent inside one forall tile (``None``: dynamic, the last tile is partial)."""
+    return [n if not s else (s if n % s == 0 else None) for n, s in zip(k.ranges, forall)]
+
+
+class _VectorStrategy:
+    kinds: ClassVar[frozenset[str]] = frozenset({"pointwise", "reduction"})
+    fragments: ClassVar[Mapping[Slot, str]] = FRAGMENTS
+    cleanup: ClassVar[str] = VECTOR_CLEANUP
+    name: ClassVar[str]
+
+    def select(self, k: KernelInfo, target: TargetInfo) -> Schedule | None:
+        if classify(k) != self.name:
+            return None
+        return Schedule(self.name, {"step": step(k, target), "forall": self.forall(k, target)})
+
+    def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
+        raise NotImplementedError
+
+    def transform(self, k: KernelInfo, s: Schedule) -> str:
+        w = SequenceWriter()
+        op = w.match_kernel(k.id)
+        scope = w.kernel_func()
+        fills = w.init_producers(op, len(k.inputs), k.fill_inits)
+        forall = list(s.params["forall"])
+        if any(forall):
+            op, loop = w.tile_forall(op, forall)
+            w.annotate(loop, "neuron.root", k.id)
+            w.fuse_into(fills, loop)  # each tile initialises its own slice
+        self.inner(w, k, int(s.params["step"]), op, _extent_in_tile(k, forall), scope)
+        return w.text()
+
+    def inner(self, w: SequenceWriter, k: KernelInfo, e: int, op: str, ext: list[int | None], scope: str) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _vectorize_peeled(w: SequenceWriter, k: KernelInfo, scope: str, main: str, rem: str,
+                          masked: list[int] | None) -> None:
+        """Vectorize both parts of a peeled loop. Static remainder: canonicalize the function first
+        (folds the one-trip remainder loop and the peeled ``affine.min``; before that both tiles are
+        dynamic and vectorizing fails: "Attempted to vectorize, but failed"), then vectorize every
+        tile of the kernel. Dynamic remainder (partial forall tile): the main part static, the rest
+        masked."""
+        if masked is None:
+            w.canonicalize(scope)
+            w.vectorize(w.match_kernel(k.id, scope))
+        else:
+            gm, gr = w.match_kernel(k.id, main), w.match_kernel(k.id, rem)
+            w.canonicalize(scope)
+            w.vectorize(gm)
+            w.vectorize(gr, masked)
+
+
+class Pointwise(_VectorStrategy):
+    name: ClassVar[str] = "pointwise"
+    kinds: ClassVar[frozenset[str]] = frozenset({"pointwise"})
+
+    def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
+        c, nd = k.contiguous_dim, len(k.ranges)
+        outer = [d for d in range(nd) if d != c and k.ranges[d] > 1]
+        if outer:
+            return _forall_over(k, outer, math.prod(k.ranges) // k.ranges[outer[0]])
+        sizes = [0] * nd  # one long dim: chunks of whole vector steps
+        n, vl = k.ranges[c], lanes(k, target)
+        chunks = max(1, min(CHUNKS, n // max(MIN_CHUNK, vl)))
+        sizes[c] = math.ceil(math.ceil(n / chunks) / (4 * vl)) * 4 * vl
+        if sizes[c] >= n:
+            sizes[c] = 0
+        return sizes
+
+    def inner(self, w, k, e, op, ext, scope):
+        c, nd = k.contiguous_dim, len(k.ranges)
+        sizes = [1 if d != c and (ext[d] is None or ext[d] > 1) else 0 for d in range(nd)]
+        n_c = ext[c]
+        tile_c = n_c is None or n_c > e
+        if tile_c:
+            sizes[c] = e
+        op, loops = w.tile_for(op, sizes)
+        if tile_c and (n_c is None or n_c % e):
+            main, rem = w.peel(loops[-1])
+            self._vectorize_peeled(w, k, scope, main, rem,
+                                   None if n_c is not None else [1 if d != c else e for d in range(nd)])
+            return
+        w.vectorize(op)
+
+
+class RowReduction(_VectorStrategy):
+    name: ClassVar[str] = "row-reduction"
+    kinds: ClassVar[frozenset[str]] = frozenset({"reduction"})
+
+    def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
+        par = [d for d, it in enumerate(k.iterators) if it == "parallel" and k.ranges[d] > 1]
+        return _forall_over(k, par, math.prod(k.ranges[d] for d in k.reduction_dims))
+
+    def inner(self, w, k, e, op, ext, scope):
+        c, nd = k.contiguous_dim, len(k.ranges)
+        red = k.reduction_dims
+        rows = [1 if it == "parallel" and (ext[d] is None or ext[d] > 1) else 0 for d, it in enumerate(k.iterators)]
+        op, _ = w.tile_for(op, rows)
+        n_c = k.ranges[c]
+        if n_c <= e:
+            w.vectorize(op)
+            return
+        rsizes = [(e if d == c else 1) if d in red else 0 for d in range(nd)]
+        tail = None
+        if n_c % e and len(red) == 1:
+            parts, main, tail = w.fresh("parts"), w.fresh("rmain"), w.fresh("rtail")
+            w(f"{parts} = transform.structured.split {op} after {n_c - n_c % e} {{dimension = {c}}} "
+              f": !transform.any_op")
+            w(f"{main}, {tail} = transform.split_handle {parts} : (!transform.any_op) -> "
+              f"(!transform.any_op, !transform.any_op)")
+            op = main
+        fill, part, comb, loop = w.fresh("pfill"), w.fresh("part"), w.fresh("comb"), w.fresh("rloop")
+        w(f"{fill}, {part}, {comb}, {loop} = transform.structured.tile_reduction_using_for {op} by tile_sizes = "
+          f"{rsizes} : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, "
+          f"!transform.any_op)")
+        w.vectorize(fill)
+        w.vectorize(comb)
+        if tail is not None:
+            w.vectorize(part)
+            w.vectorize(tail)
+        elif n_c % e:  # several reduction dims: masked
+            w.vectorize(part, [1 if d != c else e for d in range(nd)])
+        else:
+            w.vectorize(part)
+
+
+class ColumnReduction(_VectorStrategy):
+    name: ClassVar[str] = "column-reduction"
+    kinds: ClassVar[frozenset[str]] = frozenset({"reduction"})
+
+    def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
+        c, e = k.contiguous_dim, step(k, target)
+        sizes = [0] * len(k.ranges)
+        n_c = k.ranges[c]
+        block = max(e, (min(BLOCK, n_c) // e) * e)
+        if block < n_c:
+            sizes[c] = block
+        for d, it in enumerate(k.iterators):
+            if d != c and it == "parallel" and k.ranges[d] > 1:
+                sizes[d] = 1
+        return sizes
+
+    def inner(self, w, k, e, op, ext, scope):
+        c, nd = k.contiguous_dim, len(k.ranges)
+        red = k.reduction_dims
+        ec = ext[c]
+        cols = [0] * nd
+        cols[c] = e if (ec is None or ec > e) else 0
+        op, loops = w.tile_for(op, cols)
+        op2, _ = w.tile_for(op, [1 if d in red else 0 for d in range(nd)])
+        if loops and (ec is None or ec % e):
+            main, rem = w.peel(loops[0])
+            self._vectorize_peeled(w, k, scope, main, rem,
+                                   [1 if d in red else (e if d == c else 1) for d in range(nd)] if ec is None else None)
+        else:
+            w.vectorize(op2)

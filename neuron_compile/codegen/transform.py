@@ -1,0 +1,148 @@
+"""Writing transform-dialect sequences (MLIR ``transform`` dialect docs; ops of the ``structured``,
+``loop`` and ``apply_patterns`` families as of LLVM 22).
+
+A :class:`SequenceWriter` collects the lines of one ``transform.named_sequence`` body and hands out
+fresh handle names, so strategies read as the schedule they apply. Every op here was checked against
+mlir-opt 22.1.8; the traps are noted where they bit (exact messages in the strategies' docstrings).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+ANY = "!transform.any_op"
+FOR = '!transform.op<"scf.for">'
+
+
+class SequenceWriter:
+    """Lines of a named sequence whose argument is ``%root`` (the payload module)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._n = 0
+
+    def fresh(self, base: str = "h") -> str:
+        self._n += 1
+        return f"%{base}{self._n}"
+
+    def __call__(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    # -- finding ops --------------------------------------------------------------------------------
+    def match_kernel(self, kernel_id: int, scope: str = "%root", op: str = "linalg.generic") -> str:
+        h = self.fresh("k")
+        ops = f'ops{{["{op}"]}} ' if op else ""
+        self(f"{h} = transform.structured.match {ops}attributes {{neuron.kernel = {kernel_id} : i64}} in {scope} "
+             f": ({ANY}) -> {ANY}")
+        return h
+
+    def kernel_func(self) -> str:
+        """The graph's function (exactly one op, even when an earlier kernel's canonicalization
+        folded this kernel's op away and its own handle is empty)."""
+        f = self.fresh("fn")
+        self(f'{f} = transform.structured.match ops{{["func.func"]}} attributes {{llvm.emit_c_interface}} in %root '
+             f": ({ANY}) -> {ANY}")
+        return f
+
+    def init_producers(self, h: str, n_inputs: int, fill_inits: Sequence[bool]) -> list[str]:
+        """Handles of the ``linalg.fill`` ops producing ``h``'s output inits. Take them BEFORE
+        tiling: on the tiled op ``get_producer_of_operand`` returns the forall's slice instead."""
+        out = []
+        for j, is_fill in enumerate(fill_inits):
+            if is_fill:
+                p = self.fresh("fill")
+                self(f"{p} = transform.get_producer_of_operand {h}[{n_inputs + j}] : ({ANY}) -> {ANY}")
+                out.append(p)
+        return out
+
+    # -- tiling -------------------------------------------------------------------------------------
+    def tile_for(self, h: str, sizes: Sequence[int], name: str = "t") -> tuple[str, list[str]]:
+        """``tile_using_for``; returns (tiled op, one loop per nonzero size)."""
+        n = sum(1 for s in sizes if s)
+        if n == 0:
+            return h, []
+        t, loops = self.fresh(name), [self.fresh("l") for _ in range(n)]
+        self(f"{t}, {', '.join(loops)} = transform.structured.tile_using_for {h} tile_sizes {list(sizes)} "
+             f": ({ANY}) -> ({', '.join([ANY] * (n + 1))})")
+        return t, loops
+
+    def tile_forall(self, h: str, sizes: Sequence[int]) -> tuple[str, str]:
+        """``tile_using_forall``: the loop threads run (``scf.forall`` → OpenMP)."""
+        t, f = self.fresh("t"), self.fresh("forall")
+        self(f"{t}, {f} = transform.structured.tile_using_forall {h} tile_sizes {list(sizes)} "
+             f": ({ANY}) -> ({ANY}, {ANY})")
+        return t, f
+
+    def fuse(self, producer: str, loop: str) -> tuple[str, str]:
+        """Fuse ``producer`` into ``loop`` (each iteration computes the slice it uses); returns
+        (the fused op, the new loop handle)."""
+        fused, new = self.fresh("fused"), self.fresh("loop")
+        self(f"{fused}, {new} = transform.structured.fuse_into_containing_op {producer} into {loop} "
+             f": ({ANY}, {ANY}) -> ({ANY}, {ANY})")
+        return fused, new
+
+    def fuse_into(self, producers: Sequence[str], loop: str) -> str:
+        """Fuse each producer into ``loop``; returns the loop."""
+        for p in producers:
+            _, loop = self.fuse(p, loop)
+        return loop
+
+    def peel(self, loop: str) -> tuple[str, str]:
+        """``loop.peel`` (needs an ``scf.for``-typed handle, and fails when the step divides the trip
+        count: only call it for a partial last tile)."""
+        c, main, rem = self.fresh("for"), self.fresh("main"), self.fresh("rem")
+        self(f"{c} = transform.cast {loop} : {ANY} to {FOR}")
+        self(f"{main}, {rem} = transform.loop.peel {c} : ({FOR}) -> ({ANY}, {ANY})")
+        return main, rem
+
+    def annotate(self, h: str, name: str, value: int) -> None:
+        p = self.fresh("p")
+        self(f"{p} = transform.param.constant {value} : i64 -> !transform.param<i64>")
+        self(f'transform.annotate {h} "{name}" = {p} : {ANY}, !transform.param<i64>')
+
+    # -- rewriting ----------------------------------------------------------------------------------
+    def canonicalize(self, scope: str) -> None:
+        self(f"transform.apply_patterns to {scope} {{ transform.apply_patterns.canonicalization }} : {ANY}")
+
+    def vectorize(self, h: str, sizes: Sequence[int] | None = None) -> None:
+        """Vectorize ``h`` (a tile: vectorizing an untiled large op explodes memory, toolchain trap 6);
+        ``sizes`` for dynamic shapes (masked vectors)."""
+        vs = f" vector_sizes {list(sizes)}" if sizes else ""
+        self(f"transform.structured.vectorize {h}{vs} : {ANY}")
+
+
+# Once per function after every kernel's schedule: clean up what vectorization left, so accumulators
+# stay in registers and row-invariant work leaves inner loops. Each pattern group is its own
+# apply_patterns (mixing vector lowering with canonicalization hung or crashed: toolchain trap 7);
+# lower_masked_transfers must come before any canonicalization ('vector.mask' op expects only one
+# operation to mask).
+VECTOR_CLEANUP = """    %cf = transform.structured.match ops{["func.func"]} attributes {llvm.emit_c_interface} in %root : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %cf {
+      transform.apply_patterns.vector.lower_masked_transfers
+    } : !transform.any_op
+    transform.apply_patterns to %cf {
+      transform.apply_patterns.canonicalization
+      transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers
+    } : !transform.any_op
+    transform.apply_cse to %cf : !transform.any_op
+    transform.apply_patterns to %cf {
+      transform.apply_patterns.vector.sink_ops
+    } : !transform.any_op
+    %cloops = transform.structured.match ops{["scf.for"]} in %cf : (!transform.any_op) -> !transform.any_op
+    transform.foreach %cloops : !transform.any_op {
+    ^bb0(%l: !transform.any_op):
+      transform.apply_licm to %l : !transform.any_op
+      transform.loop.hoist_loop_invariant_subsets %l : !transform.any_op
+    }
+    transform.apply_patterns to %cf {
+      transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerreduction"
+    } : !transform.any_op
+    transform.apply_patterns to %cf {
+      transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+    } : !transform.any_op
+    transform.apply_patterns to %cf {
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    transform.apply_cse to %cf : !transform.any_op"""

@@ -1,0 +1,131 @@
+"""Per-kernel profile: ``NEURON_PROFILE=1`` (or ``options={"profile": True}``).
+
+A profiled graph is compiled with a call to ``neuron_profile_tick(k)`` after each kernel ``k``
+(``lowering/emit.py``); the tick, part of the kernel library's own runtime (``target.py``), adds
+the wall time since the previous tick to slot ``k``. So a kernel's time includes any glue
+(bufferization copies, allocation) between it and the previous kernel, and the last slot holds
+what follows the last kernel (output copies). Like Inductor's profiler output it is a table per
+graph: kernel id, kind, schedule, the ATen ops it fused, calls, time, share and achieved GFLOP/s
+(matmuls) or GB/s (everything else; each operand read or written once). The tables print to
+stderr at exit and are returned by :func:`report`.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import sys
+import threading
+import weakref
+from typing import Any
+
+_SLOTS = 1 << 16  # must match PROFILE_C
+_lock = threading.Lock()
+_profiled: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+class _Data(ctypes.Structure):
+    _fields_ = [("seconds", ctypes.c_double * _SLOTS), ("calls", ctypes.c_int64 * _SLOTS), ("last", ctypes.c_double)]
+
+
+class KernelProfile:
+    """The counters inside one profiled kernel library."""
+
+    def __init__(self, data: _Data):
+        self._data = data
+
+    def reset(self) -> None:
+        ctypes.memset(ctypes.addressof(self._data), 0, ctypes.sizeof(_Data))
+
+    def slot(self, k: int) -> tuple[int, float]:
+        """(calls, total seconds) of slot ``k``."""
+        return self._data.calls[k], self._data.seconds[k]
+
+
+def attach(exe: Any, library: Any) -> KernelProfile | None:
+    """The profile counters of ``exe``'s library, or ``None`` if it was not compiled to profile."""
+    fn = getattr(library, "neuron_profile_data", None) if isinstance(library, ctypes.CDLL) else None
+    if fn is None:
+        return None
+    fn.restype = ctypes.POINTER(_Data)
+    prof = KernelProfile(fn().contents)
+    with _lock:
+        _profiled.add(exe)
+    return prof
+
+
+def rows(exe: Any) -> list[dict[str, Any]]:
+    """One row per kernel of ``exe`` (plus the time after its last kernel), from its counters."""
+    prof: KernelProfile | None = exe.profile
+    if prof is None:
+        return []
+    out = []
+    total = sum(prof.slot(k)[1] for k in range(len(exe.kernels) + 1)) or 1e-30
+    for k in range(len(exe.kernels) + 1):
+        calls, secs = prof.slot(k)
+        info = exe.kernels[k] if k < len(exe.kernels) else None
+        row = {"kernel": k if info else "-", "kind": info["kind"] if info else "(after)",
+               "schedule": info["schedule"]["strategy"] if info else "", "ops": info["ops"] if info else [],
+               "ranges": "x".join(map(str, info["ranges"])) if info else "",
+               "calls": calls, "seconds": secs, "share": secs / total, "rate": ""}
+        if info and calls and secs > 0:
+            from neuron_compile.codegen.kernels import KernelInfo
+            ki = KernelInfo.from_json(info)
+            if ki.flops:
+                row["rate"] = f"{ki.flops * calls / secs / 1e9:.1f} GFLOP/s"
+            else:
+                row["rate"] = f"{ki.bytes_moved * calls / secs / 1e9:.2f} GB/s"
+        out.append(row)
+    return out
+
+
+def table(exe: Any) -> str:
+    """The profile of one executable as a text table, slowest kernels first."""
+    rs = sorted(rows(exe), key=lambda r: -r["seconds"])
+    calls = max((r["calls"] for r in rs), default=0)
+    head = f"neuron-compile profile: {exe.name} ({calls} calls)"
+    lines = [head, f"{'kernel':>6} {'kind':<10} {'schedule':<14} {'loops':<16} {'ms/call':>9} {'share':>6} "
+                   f"{'rate':>16}  ATen ops"]
+    for r in rs:
+        per = r["seconds"] / r["calls"] * 1e3 if r["calls"] else 0.0
+        ops = ", ".join(o.removeprefix("aten.") for o in r["ops"])
+        lines.append(f"{r['kernel']!s:>6} {r['kind']:<10.10} {r['schedule']:<14.14} {r['ranges']:<16.16} {per:>9.3f} "
+                     f"{r['share']:>6.1%} "
+                     f"{r['rate']:>16}  {ops[:100]}")
+    return "\n".join(lines)
+
+
+def report() -> str:
+    """Tables of every profiled executable still alive in this process."""
+    with _lock:
+        exes = sorted(_profiled, key=lambda e: e.name)
+    return "\n\n".join(table(e) for e in exes if e.profile is not None and any(r["calls"] for r in rows(e)))
+
+
+def reset() -> None:
+    """Zero the counters of every profiled executable."""
+    with _lock:
+        exes = list(_profiled)
+    for e in exes:
+        e.profile.reset()
+
+
+@atexit.register
+def _print_at_exit() -> None:
+    text = report()
+    if text:
+        print(text, file=sys.stderr)
+
+
+PROFILE_C = r"""
+#include <stdint.h>
+#include <time.h>
+#define SLOTS (1 << 16)
+static struct { double seconds[SLOTS]; int64_t calls[SLOTS]; double last; } prof;
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+__attribute__((visibility("hidden"))) void neuron_profile_tick(int64_t k) {
+  double t = now();
+  if (k >= 0 && k < SLOTS) { prof.seconds[k] += t - prof.last; prof.calls[k] += 1; }
+  prof.last = t;
+}
+void *neuron_profile_data(void) { return &prof; }
+"""

@@ -1,0 +1,108 @@
+"""The tiled GEMM (``matmul`` strategy): every operand layout, stored and in memory, edge regions,
+batches, a fused bias, float64; the same bits with 1 and 2 threads (each block of C is one thread's
+and sums in the same order); and the override back to plain loops."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.codegen import TargetInfo
+from neuron_compile.codegen.strategies.matmul import GemmProblem, plan, regions
+from tests.conftest import neuron_compile
+from tests.ir.lower import lower
+
+AVX2 = TargetInfo("avx2", 256, 16)
+
+
+def _check(fn, *args, threads=(1, 2)):
+    compiled = neuron_compile(fn)
+    old = torch.get_num_threads()
+    outs = []
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            outs.append(compiled(*args))
+    finally:
+        torch.set_num_threads(old)
+    ref = fn(*[a.double() for a in args])
+    eager = fn(*args)
+    err, err_eager = (outs[0].double() - ref).abs().max(), (eager.double() - ref).abs().max()
+    assert outs[0].dtype == eager.dtype and outs[0].shape == eager.shape
+    # blocked summation (k-blocks of 256) may differ from MKL's order: allow a small factor
+    assert err <= 3 * err_eager + 8 * torch.finfo(eager.dtype).eps * ref.abs().max(), (err, err_eager)
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+LAYOUTS = {
+    "A@B": lambda m, n, k: (torch.randn(m, k), torch.randn(k, n)),
+    "A@B.T": lambda m, n, k: (torch.randn(m, k), torch.randn(n, k).t()),
+    "A.T@B": lambda m, n, k: (torch.randn(k, m).t(), torch.randn(k, n)),
+    "A.T@B.T": lambda m, n, k: (torch.randn(k, m).t(), torch.randn(n, k).t()),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mnk", [(96, 128, 64), (37, 1013, 77), (300, 200, 64), (1, 512, 512), (130, 50, 260)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gemm_layouts_and_edges(layout, mnk):
+    torch.manual_seed(0)
+    a, b = LAYOUTS[layout](*mnk)
+    _check(lambda x, y: x @ y, a, b)
+
+
+def test_stored_transposes_inside_the_graph():
+    torch.manual_seed(0)
+    x, w, g = torch.randn(64, 96), torch.randn(80, 96), torch.randn(64, 80)
+    _check(lambda x, w, g: (x @ w.t()).t() @ g + g.t() @ (x @ w.t()), x, w, g)
+
+
+def test_linear_bias_is_the_accumulator():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(128, 384), torch.randn(200, 384), torch.randn(200)
+    _, lowered = lower(lambda x, w, b: F.linear(x, w, b), x, w, b)
+    (mm,) = [k for k in lowered.kernels if k.kind == "matmul"]
+    assert mm.attrs["gemm"]["MR"] in (4, 6) and 'neuron.part = "init_r0"' in lowered.mlir
+    _check(lambda x, w, b: F.gelu(F.linear(x, w, b)), x, w, b)
+
+
+@pytest.mark.parametrize("shape", [(12, 64, 32, 64), (5, 30, 70, 50), (3, 33, 17, 65)], ids=str)
+def test_batched(shape):
+    torch.manual_seed(0)
+    bsz, m, k, n = shape
+    q, kk = torch.randn(bsz, m, k), torch.randn(bsz, n, k)
+    _check(lambda q, kk: torch.bmm(q, kk.transpose(1, 2)) * 0.5, q, kk)
+    _check(lambda q, v: torch.bmm(q, v), q, torch.randn(bsz, k, n))
+
+
+def test_float64():
+    torch.manual_seed(0)
+    a, b = torch.randn(70, 90, dtype=torch.float64), torch.randn(90, 45, dtype=torch.float64)
+    _check(lambda x, y: x @ y, a, b)
+
+
+def test_plan_is_data_and_regions_cover_c_exactly():
+    p = GemmProblem(37, 1013, 77, 0, "float32", False, True, True, False)
+    s = plan(p, AVX2)
+    assert s.strategy == "matmul" and s.params["MR"] in (4, 6) and s.params["NR"] == 16
+    covered = torch.zeros(37, 1013, dtype=torch.int32)
+    for r in regions(37, 1013, s.params):
+        covered[r.mlo:r.mlo + r.m1 * r.mr, r.nlo:r.nlo + r.n1 * r.nr] += 1
+        assert r.nr in (16, 8, 4, 2, 1)
+    assert bool((covered == 1).all())
+    # A given transposed in memory is packed; the M <= 256 case packs B inside the k-block loop
+    assert plan(GemmProblem(512, 512, 512, 0, "float32", True, False, False, True), AVX2).params["pack_a"]
+    assert plan(GemmProblem(128, 768, 3072, 0, "float32", False, True, True, False), AVX2).params["fuse_pack_b"]
+
+
+def test_override_back_to_loops():
+    from neuron_compile.codegen.strategy import parse_overrides
+    from neuron_compile.lowering.emit import lower_graph
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    out = neuron_compile(lambda x, y: x @ y, options={"schedule": {"matmul": "loops"}})(a, b)
+    torch.testing.assert_close(out, a @ b)
+    gm, lowered = lower(lambda x, y: x @ y, a, b)
+    assert any("gemm" in k.attrs for k in lowered.kernels)
+    plain = lower_graph(gm, "t", target=AVX2, overrides=parse_overrides('{"matmul": "loops"}'))
+    assert not any("gemm" in k.attrs for k in plain.kernels) and "linalg.pack" not in plain.mlir

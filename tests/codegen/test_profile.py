@@ -1,0 +1,39 @@
+"""``NEURON_PROFILE``: every kernel's calls and time are counted and tabled, results stay eager's."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import neuron_compile
+
+
+def test_profile_counts_every_kernel_and_keeps_results(tmp_path):
+    from neuron_compile import profile
+    torch.manual_seed(0)
+    x, w, b = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
+
+    def fn(x, w, b):
+        return F.layer_norm(F.gelu(F.linear(x, w, b)), (48,)).softmax(-1)
+
+    compiled = neuron_compile(fn, options={"profile": True, "cache_dir": str(tmp_path)})
+    for _ in range(3):
+        out = compiled(x, w, b)
+    torch.testing.assert_close(out, fn(x, w, b))
+    text = profile.report()
+    exe = [e for e in profile._profiled if e.profile is not None and "inference" in e.name][-1]
+    rows = profile.rows(exe)
+    kernels = [r for r in rows if r["kernel"] != "-"]
+    assert len(kernels) == len(exe.kernels) >= 3
+    assert all(r["calls"] == 3 for r in rows)
+    assert {r["kind"] for r in kernels} >= {"matmul", "reduction", "pointwise"}
+    assert all(r["seconds"] >= 0 for r in rows) and sum(r["seconds"] for r in rows) > 0
+    assert "GFLOP/s" in text and exe.name in text
+    profile.reset()
+    assert all(r["calls"] == 0 for r in profile.rows(exe))
+
+
+def test_unprofiled_executables_have_no_counters(tmp_path):
+    from neuron_compile import profile
+    exe_out = neuron_compile(lambda x: x.exp() + 1, options={"cache_dir": str(tmp_path)})(torch.randn(5))
+    assert exe_out.shape == (5,)
+    assert all(e.profile is not None for e in profile._profiled)
