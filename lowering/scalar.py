@@ -236,14 +236,13 @@ class ScalarBuilder:
             f32, i32 = torch.float32, torch.int32
             hi, lo = self.const(88.72283, f32), self.const(-87.33654, f32)
             xc = self.minimum(self.maximum(a, lo), hi)
-            fx = self.unary("math.floor", self.add(self.mul(xc, self.const(1.44269504088896341, f32)),
-                                                   self.const(0.5, f32)))
-            r = self.sub(self.sub(xc, self.mul(fx, self.const(0.693359375, f32))),
-                         self.mul(fx, self.const(-2.12194440e-4, f32)))
+            fx = self.unary("math.floor", self.fma(xc, self.const(1.44269504088896341, f32), self.const(0.5, f32)))
+            r = self.fma(fx, self.const(-0.693359375, f32), xc)
+            r = self.fma(fx, self.const(2.12194440e-4, f32), r)
             y = self.const(1.9875691500e-4, f32)
             for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-                y = self.add(self.mul(y, r), self.const(c, f32))
-            y = self.add(self.add(self.mul(y, self.mul(r, r)), r), self.const(1.0, f32))
+                y = self.fma(y, r, self.const(c, f32))
+            y = self.add(self.fma(y, self.mul(r, r), r), self.const(1.0, f32))
             n = self._emit(f"arith.fptosi {fx.name} : f32 to i32", i32)
             n1 = self._emit(f"arith.shrsi {n.name}, {self.const(1, i32).name} : i32", i32)
             n2 = self.sub(n, n1)
@@ -255,6 +254,11 @@ class ScalarBuilder:
             y = self.select(self.cmp("lt", a, lo), self.const(0.0, f32), y)
             is_nan = self.isnan(a)
             return self.select(is_nan, a, y)
+
+    def fma(self, a: Scalar, b: Scalar, c: Scalar) -> Scalar:
+        """``a·b + c`` rounded once (``math.fma``: one vfmadd on FMA hardware). Polynomials in the
+        inline math use it: half the operations of mul-then-add and never less accurate."""
+        return self._emit(f"math.fma {a.name}, {b.name}, {c.name} : {a.type}", a.dtype)
 
     def _exact(self):
         """Within: no fastmath flags (range reductions must not be reassociated)."""
@@ -294,11 +298,11 @@ class ScalarBuilder:
             y = self.const(7.0376836292e-2, f32)
             for c in (-1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1, -1.6668057665e-1,
                       2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1):
-                y = self.add(self.mul(y, f), self.const(c, f32))
+                y = self.fma(y, f, self.const(c, f32))
             y = self.mul(self.mul(y, f), z)
-            y = self.add(y, self.mul(ef, self.const(-2.12194440e-4, f32)))
-            y = self.sub(y, self.mul(z, self.const(0.5, f32)))
-            r = self.add(self.add(f, y), self.mul(ef, self.const(0.693359375, f32)))
+            y = self.fma(ef, self.const(-2.12194440e-4, f32), y)
+            y = self.fma(z, self.const(-0.5, f32), y)
+            r = self.fma(ef, self.const(0.693359375, f32), self.add(f, y))
             r = self.select(self.cmp("eq", a, self.const(0.0, f32)), self.const(float("-inf"), f32), r)
             r = self.select(self.cmp("lt", a, self.const(0.0, f32)), self.const(float("nan"), f32), r)
             r = self.select(self.cmp("eq", a, self.const(float("inf"), f32)), a, r)
@@ -348,10 +352,10 @@ class ScalarBuilder:
             p = self.const(-2.76076847742355e-16, f32)
             for c in (2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08, 1.48572235717979e-05,
                       6.37261928875436e-04, 4.89352455891786e-03):
-                p = self.add(self.mul(p, x2), self.const(c, f32))
+                p = self.fma(p, x2, self.const(c, f32))
             q = self.const(1.19825839466702e-06, f32)
             for c in (1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03):
-                q = self.add(self.mul(q, x2), self.const(c, f32))
+                q = self.fma(q, x2, self.const(c, f32))
             r = self.div(self.mul(p, x), q)
             tiny = self.cmp("lt", self.abs(a), self.const(0.0004, f32))
             return self.select(tiny, a, r)
@@ -369,10 +373,10 @@ class ScalarBuilder:
             p = self.const(-2.72614225801306e-10, f32)
             for c in (2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
                       -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02):
-                p = self.add(self.mul(p, x2), self.const(c, f32))
+                p = self.fma(p, x2, self.const(c, f32))
             q = self.const(-1.45660718464996e-05, f32)
             for c in (-2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02):
-                q = self.add(self.mul(q, x2), self.const(c, f32))
+                q = self.fma(q, x2, self.const(c, f32))
             return self.div(self.mul(p, x), q)
 
     def sigmoid(self, a: Scalar) -> Scalar:
