@@ -9,6 +9,7 @@ indexing map (never a materialised copy), following the linalg "structured ops" 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -17,7 +18,7 @@ import torch
 from neuron_compile.codegen.kernels import KernelInfo, parse_map_results
 from neuron_compile.codegen.strategy import Schedule, TargetInfo
 from neuron_compile.codegen.kernels import Operand as KernelOperand
-from neuron_compile.lowering.lazy import LazyTensor, pointwise
+from neuron_compile.lowering.lazy import LazyTensor, Leaf, pointwise
 from neuron_compile.lowering.locations import op_name
 from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, numel, storage_type, tensor_type
 from neuron_compile.lowering.scalar import ScalarBuilder
@@ -80,6 +81,7 @@ class FunctionBody:
     fused_ops: dict[int, tuple[str, ...]] = field(default_factory=dict)
     profile: bool = False
     fills: set[str] = field(default_factory=set)  # tensors produced by linalg.fill (a kernel's init)
+    unit_views: dict[str, tuple[TensorValue, tuple[str, ...]]] = field(default_factory=dict)  # see reshape()
     init_uses: dict[str, int] = field(default_factory=dict)  # value → times used as a destination (outs)
     target: TargetInfo | None = None  # for strategies that shape the payload (matmul)
     overrides: dict[str, Schedule] = field(default_factory=dict)  # parsed NEURON_SCHEDULE
@@ -108,7 +110,7 @@ class FunctionBody:
                            f"    func.call @{PROFILE_TICK}({c}) : (i64) -> ()"]
 
     def operand(self, v: TensorValue, exprs: Sequence[str] = (), output: bool = False) -> KernelOperand:
-        return KernelOperand(v.shape, v.dtype, tuple(exprs), self.strides.get(v.name.split("#")[0]), output)
+        return KernelOperand(v.shape, v.dtype, tuple(exprs), self.strides.get(v.name.split("#")[0]), output, v.name)
 
 
 PROFILE_TICK = "neuron_profile_tick"
@@ -231,7 +233,8 @@ class LoweringContext:
             self.body.add_kernel(KernelInfo(
                 kid, kind, ranges, tuple(iterators), operands, *self._provenance(), attrs=dict(attrs or {}),
                 gather=any("tensor.extract " in ln or "linalg.index " in ln for ln in region), body_ops=len(region),
-                fill_inits=tuple(v.name in self.body.fills for v in inits)))
+                fill_inits=tuple(v.name in self.body.fills for v in inits),
+                results=(name,) if len(inits) == 1 else tuple(f"{name}#{k}" for k in range(len(inits)))))
         if len(inits) == 1:
             return [TensorValue(name, inits[0].shape, inits[0].dtype)]
         return [TensorValue(f"{name}#{k}", v.shape, v.dtype) for k, v in enumerate(inits)]
@@ -270,6 +273,7 @@ class LoweringContext:
         """
         n = len(operands)
         cdts = list(compute_dtype) if isinstance(compute_dtype, (list, tuple)) else [compute_dtype] * n
+        operands = [self._see_through(o) for o in operands]
         try:
             return pointwise(fn, operands, out_shape, out_dtype, cdts, _py_dtype)
         except ValueError as exc:
@@ -312,6 +316,11 @@ class LoweringContext:
             red = init
         else:
             iters = ["reduction" if i in dims else "parallel" for i in range(v.rank)]
+            if isinstance(v, LazyTensor) and not all(
+                    any(re.search(rf"\bd{i}\b", e) for lf in v.leaves for e in lf.exprs) for i in dims):
+                # a reduced dim no leaf reads (a unit dim of a seen-through view) would leave that
+                # loop without bounds: "invalid indexing maps are non-invertible"
+                v = self.materialize(v)
             if isinstance(v, LazyTensor):  # prologue fusion: the producer chain runs inside the reduction
                 ins = [lf.value for lf in v.leaves]
                 maps = [affine_map(v.rank, list(lf.exprs)) for lf in v.leaves]
@@ -335,11 +344,29 @@ class LoweringContext:
 
     # -- shape ops -------------------------------------------------------------------------------
     def reshape(self, v: TensorValue, shape: Sequence[int]) -> TensorValue:
-        """Row-major reshape (``aten.view`` on values): collapse to 1-D, expand to ``shape``."""
+        """Row-major reshape (``aten.view`` on values): collapse to 1-D, expand to ``shape``.
+        A reshape that only adds unit dims (a reduction's ``keepdim``) is also recorded as a view of
+        ``v``, so lazy consumers read ``v`` directly (:meth:`_see_through`)."""
         v = self.materialize(v)
         shape = tuple(int(s) for s in shape)
         if shape == v.shape:
             return v
+        out = self._reshape(v, shape)
+        if len(shape) > v.rank and [s for s in shape if s != 1] == [s for s in v.shape if s != 1]:
+            view_dims = iter(i for i, s in enumerate(shape) if s != 1)
+            self.body.unit_views[out.name] = (v, tuple("0" if s == 1 else f"d{next(view_dims)}" for s in v.shape))
+        return out
+
+    def _see_through(self, o: Any) -> Any:
+        """A unit-dim view (``keepdim`` of a reduction) as a lazy read of its source: consumers then
+        index the reduced value as ``(d0)`` instead of through an ``expand_shape`` as ``(d0, 0)``,
+        and the reduction can be fused into the consumer's loop (``fused-rows``)."""
+        if isinstance(o, TensorValue) and o.name in self.body.unit_views:
+            src, exprs = self.body.unit_views[o.name]
+            return LazyTensor(o.shape, o.dtype, (Leaf(src, exprs),), lambda b, xs: xs[0], ops=0)
+        return o
+
+    def _reshape(self, v: TensorValue, shape: tuple[int, ...]) -> TensorValue:
         if numel(shape) != numel(v.shape):
             raise self.fail(f"cannot reshape {v.shape} to {shape}")
         if numel(shape) == 0:

@@ -15,6 +15,7 @@ eager PyTorch's own.
 from __future__ import annotations
 
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,7 @@ class LoweredGraph:
     kernels: list[KernelInfo] = field(default_factory=list)
     bytes_avoided: int = 0
     shares_inits: bool = False  # a value initialises two ops: eliminate-empty-tensors is unsafe
+    value_uses: dict[str, int] = field(default_factory=dict)  # SSA value → number of uses in the module
 
 
 def _static_spec(node: torch.fx.Node) -> TensorSpec:
@@ -195,7 +197,21 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
         mlir = "\n".join(lines) + "\n"
     avoided = sum(v.nbytes for v in env.values() if isinstance(v, LazyTensor))
     return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count,
-                        body.kernels, avoided, body.shares_inits)
+                        body.kernels, avoided, body.shares_inits, value_uses(mlir))
+
+
+def value_uses(mlir: str) -> dict[str, int]:
+    """How often each SSA value of our own emitted text is used (occurrences minus its definition;
+    a result ``%t:2`` is used as ``%t#0``, ``%t#1``)."""
+    counts: dict[str, int] = {}
+    for name in re.findall(r"%[A-Za-z_][\w]*(?:#\d+)?", mlir):
+        counts[name] = counts.get(name, 0) + 1
+    uses = {k: v - (0 if "#" in k else 1) for k, v in counts.items() if not k.startswith("%arg")}
+    # a reshape nobody reads (a keepdim view whose consumers read its source) does not use its source
+    for m in reversed(list(re.finditer(r"^\s*(%\w+) = tensor\.(?:expand|collapse)_shape (%\w+(?:#\d+)?)", mlir, re.M))):
+        if uses.get(m.group(1), 0) == 0 and m.group(2) in uses:
+            uses[m.group(2)] -= 1
+    return uses
 
 
 def _fusion_groups(graph: torch.fx.Graph) -> dict[int, tuple[str, ...]]:

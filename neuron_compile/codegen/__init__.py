@@ -39,7 +39,7 @@ class CodegenPlan:
 
 
 def plan_codegen(kernels: Sequence[KernelInfo], target: TargetInfo, overrides: str | Mapping[str, Schedule] = "",
-                 in_place_outputs: bool = True) -> CodegenPlan:
+                 in_place_outputs: bool = True, uses: Mapping[str, int] | None = None) -> CodegenPlan:
     """Select every kernel's schedule (overrides as :func:`parse_overrides` reads them) and build
     the transform library and pass fragments that apply them.
 
@@ -47,7 +47,7 @@ def plan_codegen(kernels: Sequence[KernelInfo], target: TargetInfo, overrides: s
         NeuronCompileError: a malformed override.
     """
     ov = parse_overrides(overrides) if isinstance(overrides, str) else dict(overrides)
-    return _apply(list(kernels), select_all(kernels, target, ov), target, in_place_outputs)
+    return _apply(list(kernels), select_all(kernels, target, ov, uses), target, in_place_outputs)
 
 
 def plan_from_json(d: Mapping[str, Any]) -> CodegenPlan:

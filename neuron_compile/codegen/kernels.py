@@ -31,6 +31,7 @@ class Operand:
         strides: element strides in memory if known (graph inputs may be transposed views);
             ``None`` = the compiler allocates it, contiguous row-major.
         output: written by the kernel (``outs``) rather than read.
+        value: the SSA name of the tensor in the emitted MLIR (dataflow between kernels).
     """
 
     shape: tuple[int, ...]
@@ -38,6 +39,7 @@ class Operand:
     exprs: tuple[str, ...] = ()
     strides: tuple[int, ...] | None = None
     output: bool = False
+    value: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -65,12 +67,12 @@ class Operand:
     def to_json(self) -> dict[str, Any]:
         return {"shape": list(self.shape), "dtype": str(self.dtype).replace("torch.", ""),
                 "exprs": list(self.exprs), "strides": list(self.strides) if self.strides else None,
-                "output": self.output}
+                "output": self.output, "value": self.value}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "Operand":
         return Operand(tuple(d["shape"]), getattr(torch, d["dtype"]), tuple(d["exprs"]),
-                       tuple(d["strides"]) if d.get("strides") else None, d["output"])
+                       tuple(d["strides"]) if d.get("strides") else None, d["output"], d.get("value", ""))
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class KernelInfo:
         body_ops: operations in the op's region (a size hint: register pressure when unrolling).
         fill_inits: per output, whether its initial value is a ``linalg.fill`` (a schedule fuses it
             into each tile).
+        results: the SSA names of the kernel's results.
     """
 
     id: int
@@ -104,6 +107,7 @@ class KernelInfo:
     gather: bool = False
     body_ops: int = 0
     fill_inits: tuple[bool, ...] = ()
+    results: tuple[str, ...] = ()
 
     @property
     def inputs(self) -> tuple[Operand, ...]:
@@ -142,14 +146,14 @@ class KernelInfo:
         return {"id": self.id, "kind": self.kind, "ranges": list(self.ranges), "iterators": list(self.iterators),
                 "operands": [o.to_json() for o in self.operands], "node": self.node, "ops": list(self.ops),
                 "attrs": dict(self.attrs), "gather": self.gather, "body_ops": self.body_ops,
-                "fill_inits": list(self.fill_inits)}
+                "fill_inits": list(self.fill_inits), "results": list(self.results)}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "KernelInfo":
         return KernelInfo(d["id"], d["kind"], tuple(d["ranges"]), tuple(d["iterators"]),
                           tuple(Operand.from_json(o) for o in d["operands"]), d.get("node", ""),
                           tuple(d.get("ops", ())), dict(d.get("attrs", {})), d.get("gather", False),
-                          d.get("body_ops", 0), tuple(d.get("fill_inits", ())))
+                          d.get("body_ops", 0), tuple(d.get("fill_inits", ())), tuple(d.get("results", ())))
 
 
 def parse_map_results(affine_map_text: str) -> tuple[str, ...]:

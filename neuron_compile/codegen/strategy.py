@@ -33,18 +33,21 @@ class TargetInfo:
         isa: ``avx512``, ``avx2`` or ``sse`` (x86), from the host's CPU flags.
         vector_bits: width of a SIMD register (512, 256, 128).
         vector_registers: architectural SIMD registers (32 with AVX-512, else 16).
+        l2_bytes: level-2 cache per core.
     """
 
     isa: str = "avx2"
     vector_bits: int = 256
     vector_registers: int = 16
+    l2_bytes: int = 512 << 10
 
     def lanes(self, element_bytes: int) -> int:
         """Elements of ``element_bytes`` bytes in one SIMD register."""
         return max(1, self.vector_bits // (8 * element_bytes))
 
     def to_json(self) -> dict[str, Any]:
-        return {"isa": self.isa, "vector_bits": self.vector_bits, "vector_registers": self.vector_registers}
+        return {"isa": self.isa, "vector_bits": self.vector_bits, "vector_registers": self.vector_registers,
+                "l2_bytes": self.l2_bytes}
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,10 @@ class Strategy(Protocol):
 def strategies() -> tuple[Strategy, ...]:
     """Every strategy, in selection order (the first whose ``select`` returns a schedule wins)."""
     from neuron_compile.codegen.strategies.loops import Loops
+    from neuron_compile.codegen.strategies.fused_rows import FusedRows
     from neuron_compile.codegen.strategies.matmul import MatmulTiled
     from neuron_compile.codegen.strategies.vector import ColumnReduction, Pointwise, RowReduction
-    return (MatmulTiled(), Pointwise(), RowReduction(), ColumnReduction(), Loops())
+    return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), Loops())
 
 
 def strategy_named(name: str) -> Strategy:
@@ -131,16 +135,25 @@ def parse_overrides(text: str) -> dict[str, Schedule]:
 
 
 def select_all(kernels: Sequence[KernelInfo], target: TargetInfo,
-               overrides: Mapping[str, Schedule] | None = None) -> list[Schedule]:
-    """One schedule per kernel (list index = kernel id).
+               overrides: Mapping[str, Schedule] | None = None, uses: Mapping[str, int] | None = None
+               ) -> list[Schedule]:
+    """One schedule per kernel (list index = kernel id). Chains of row-wise kernels are scheduled
+    together first (``fused-rows``; ``uses`` counts each SSA value's uses); an overridden kernel
+    never joins a chain.
 
     Raises:
         NeuronCompileError: an override by kernel id names a strategy that does not handle that
             kernel's kind.
     """
+    from neuron_compile.codegen.strategies.fused_rows import plan_groups
     overrides = overrides or {}
+    forced_ids = {k.id for k in kernels if str(k.id) in overrides or k.kind in overrides or "*" in overrides}
+    grouped = plan_groups(kernels, target, uses, forced_ids) if uses is not None else {}
     chosen = []
     for k in kernels:
+        if k.id in grouped:
+            chosen.append(grouped[k.id])
+            continue
         forced = overrides.get(str(k.id)) or overrides.get(k.kind) or overrides.get("*")
         if forced is not None:
             s = strategy_named(forced.strategy)

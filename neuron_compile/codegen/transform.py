@@ -19,6 +19,7 @@ class SequenceWriter:
     def __init__(self) -> None:
         self.lines: list[str] = []
         self._n = 0
+        self.fn = "%root"  # the graph's function once :meth:`kernel_func` matched it
 
     def fresh(self, base: str = "h") -> str:
         self._n += 1
@@ -42,6 +43,7 @@ class SequenceWriter:
         """The graph's function (exactly one op, even when an earlier kernel's canonicalization
         folded this kernel's op away and its own handle is empty)."""
         f = self.fresh("fn")
+        self.fn = f
         self(f'{f} = transform.structured.match ops{{["func.func"]}} attributes {{llvm.emit_c_interface}} in %root '
              f": ({ANY}) -> {ANY}")
         return f

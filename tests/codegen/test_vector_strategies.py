@@ -19,7 +19,7 @@ AVX2 = TargetInfo("avx2", 256, 16)
 
 def _strategies(fn, *args) -> list[str]:
     _, lowered = lower(fn, *args)
-    return [s.strategy for s in plan_codegen(lowered.kernels, AVX2).schedules]
+    return [s.strategy for s in plan_codegen(lowered.kernels, AVX2, uses=lowered.value_uses).schedules]
 
 
 def _run_both_thread_counts(fn, *args):
@@ -75,10 +75,10 @@ def test_pointwise_schedule(case):
 
 
 REDUCTIONS = {
-    "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(64, 1000),), "row-reduction"),
+    "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(64, 1000),), "fused-rows"),
     "amax-sum-tail": (lambda x: (x.amax(-1), (x * x).sum(-1)), (torch.randn(33, 50257 // 7),), "row-reduction"),
     "layer-norm": (lambda x, w, b: torch.nn.functional.layer_norm(x, (768,), w, b),
-                   (torch.randn(128, 768), torch.randn(768), torch.randn(768)), "row-reduction"),
+                   (torch.randn(128, 768), torch.randn(768), torch.randn(768)), "fused-rows"),
     "var-mean-f64": (lambda x: torch.var_mean(x, -1), (torch.randn(40, 333, dtype=torch.float64),), "row-reduction"),
     "two-dims": (lambda x: x.sum((1, 2)), (torch.randn(6, 30, 41),), "row-reduction"),
     "bias-grad": (lambda g: g.sum(0), (torch.randn(256, 1024),), "column-reduction"),
@@ -116,6 +116,36 @@ def test_schedules_are_recorded_in_the_dump(tmp_path):
     neuron_compile(lambda t: t.softmax(-1), options={"dump_dir": str(tmp_path), "cache": False})(x)
     (path,) = tmp_path.glob("*/*.schedule.json")
     plan = json.loads(path.read_text())
-    assert [k["schedule"]["strategy"] for k in plan["kernels"]] == ["row-reduction", "pointwise",
-                                                                     "row-reduction", "pointwise"]
+    # max, exp, sum, divide: one chain, run as one pass over blocks of rows
+    assert [k["schedule"]["strategy"] for k in plan["kernels"]] == ["fused-rows"] * 4
+    assert plan["kernels"][0]["schedule"]["params"]["group"] == [0, 1, 2, 3]
     assert list(tmp_path.glob("*/*.schedule.mlir"))
+
+
+FUSED = {
+    "softmax": (lambda x: x.softmax(-1), (torch.randn(96, 1000),)),
+    "log-softmax-vocab": (lambda x: torch.log_softmax(x, -1), (torch.randn(6, 3001),)),
+    "layer-norm": (lambda x, w, b: torch.nn.functional.layer_norm(x, (768,), w, b),
+                   (torch.randn(130, 768), torch.randn(768), torch.randn(768))),
+    "rms-norm": (lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
+                 (torch.randn(64, 512), torch.randn(512))),
+}
+
+
+@pytest.mark.parametrize("case", FUSED)
+def test_row_chains_fuse_into_one_pass(case):
+    fn, args = FUSED[case]
+    torch.manual_seed(0)
+    assert set(_strategies(fn, *args)) == {"fused-rows"}
+    one, two = _run_both_thread_counts(fn, *args)
+    _close_to_reference(one, fn, args)
+    assert torch.equal(one, two)
+
+
+def test_a_chain_whose_intermediate_escapes_is_not_fused():
+    # the max is also returned: fusing would need the whole max before the block finishes
+    fn = lambda x: (x.softmax(-1), x.amax(-1))  # noqa: E731
+    x = torch.randn(64, 1000)
+    strategies = _strategies(fn, x)
+    assert strategies.count("fused-rows") < len(strategies)
+    _close_to_reference(neuron_compile(fn)(x), fn, (x,))

@@ -67,13 +67,19 @@ def classify(k: KernelInfo) -> str | None:
         return None
     if not all(o.affine for o in k.operands):
         return None
+    if len({d for o in k.operands for d in o.dims() if d is not None}) < len(k.ranges):
+        # a loop dim no operand reads (a unit dim of a keepdim view): "invalid indexing maps are
+        # non-invertible" once tiled
+        return None
     if any(o.dtype in (torch.float16, torch.bfloat16) for o in k.operands):
         # LLVM legalises bf16 vector ops by promoting through float32 and rounding back with
         # __truncsfbf2, a libgcc helper GCC 12 lacks (a link error): half-precision stays scalar
         return None
     if k.kind == "pointwise":
         return "pointwise"
-    if not k.attrs.get("combiner"):
+    if not k.attrs.get("combiner") or any("0" in o.exprs for o in k.inputs):
+        # (a reduction reading an input at a constant index failed to vectorize: "Attempted to
+        # vectorize, but failed")
         return None
     return "row-reduction" if k.iterators[k.contiguous_dim] == "reduction" else "column-reduction"
 
@@ -95,6 +101,18 @@ def step(k: KernelInfo, target: TargetInfo, unroll: int | None = None) -> int:
     return e
 
 
+def _divisor_tile(n: int, want: int, quantum: int = 1) -> int:
+    """The largest multiple of ``quantum`` that divides ``n`` and is at most ``want`` (0 if
+    none): every forall tile is then full and static (a partial last tile made every inner tile
+    dynamic, which needs masks and failed to vectorize in places)."""
+    t = (min(want, n) // quantum) * quantum
+    while t >= quantum:
+        if n % t == 0:
+            return t
+        t -= quantum
+    return 0
+
+
 def _forall_over(k: KernelInfo, dims: list[int], elems_per_unit: int) -> list[int]:
     """Tile the first of ``dims`` into about CHUNKS pieces of at least MIN_CHUNK elements."""
     sizes = [0] * len(k.ranges)
@@ -102,7 +120,7 @@ def _forall_over(k: KernelInfo, dims: list[int], elems_per_unit: int) -> list[in
         d = dims[0]
         n = k.ranges[d]
         chunks = max(1, min(n, CHUNKS, (n * elems_per_unit) // MIN_CHUNK))
-        sizes[d] = math.ceil(n / chunks)
+        sizes[d] = _divisor_tile(n, math.ceil(n / chunks))
         if sizes[d] >= n:
             sizes[d] = 0
     return sizes
@@ -136,7 +154,9 @@ class _VectorStrategy:
         if any(forall):
             op, loop = w.tile_forall(op, forall)
             w.annotate(loop, "neuron.root", k.id)
-            w.fuse_into(fills, loop)  # each tile initialises its own slice
+            # each tile initialises its own slice; canonicalizing only this loop (not the whole
+            # function once per kernel) keeps the interpreter linear in the graph's size
+            scope = w.fuse_into(fills, loop)
         self.inner(w, k, int(s.params["step"]), op, _extent_in_tile(k, forall), scope)
         return w.text()
 
@@ -153,7 +173,9 @@ class _VectorStrategy:
         masked."""
         if masked is None:
             w.canonicalize(scope)
-            w.vectorize(w.match_kernel(k.id, scope))
+            # matched in the function: canonicalization may replace the scope loop itself (a row
+            # loop of 3 iterations: "requires exactly one target handle", measured)
+            w.vectorize(w.match_kernel(k.id, w.fn))
         else:
             gm, gr = w.match_kernel(k.id, main), w.match_kernel(k.id, rem)
             w.canonicalize(scope)
@@ -173,7 +195,7 @@ class Pointwise(_VectorStrategy):
         sizes = [0] * nd  # one long dim: chunks of whole vector steps
         n, vl = k.ranges[c], lanes(k, target)
         chunks = max(1, min(CHUNKS, n // max(MIN_CHUNK, vl)))
-        sizes[c] = math.ceil(math.ceil(n / chunks) / (4 * vl)) * 4 * vl
+        sizes[c] = _divisor_tile(n, math.ceil(n / chunks), 4 * vl)
         if sizes[c] >= n:
             sizes[c] = 0
         return sizes
@@ -188,6 +210,8 @@ class Pointwise(_VectorStrategy):
         op, loops = w.tile_for(op, sizes)
         if tile_c and (n_c is None or n_c % e):
             main, rem = w.peel(loops[-1])
+            if len(loops) > 1:
+                scope = loops[0]  # the peeled loop and its remainder sit inside the row loop
             self._vectorize_peeled(w, k, scope, main, rem,
                                    None if n_c is not None else [1 if d != c else e for d in range(nd)])
             return
@@ -243,8 +267,8 @@ class ColumnReduction(_VectorStrategy):
         c, e = k.contiguous_dim, step(k, target)
         sizes = [0] * len(k.ranges)
         n_c = k.ranges[c]
-        block = max(e, (min(BLOCK, n_c) // e) * e)
-        if block < n_c:
+        block = _divisor_tile(n_c, BLOCK, e)
+        if 0 < block < n_c:
             sizes[c] = block
         for d, it in enumerate(k.iterators):
             if d != c and it == "parallel" and k.ranges[d] > 1:

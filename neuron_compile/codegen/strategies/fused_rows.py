@@ -1,0 +1,125 @@
+"""``fused-rows``: a chain of row-wise kernels (softmax's max, exp, sum, divide; layer_norm's mean,
+variance, normalize) run as one pass over blocks of rows.
+
+Each kernel of such a chain reads whole rows that the previous ones produced; run one after
+another, every kernel streams the whole tensor from DRAM again. Here the last kernel is tiled into
+an ``scf.forall`` over blocks of rows sized to keep the block's row-sized intermediates in half of
+L2, and the producers (with their ``linalg.fill`` inits) are fused into it, last first, with CSE
+between steps so a value two consumers read is computed once (``fuse_into_containing_op``); each
+op then gets its own vector schedule inside the block (:mod:`.vector`). The input is read from
+DRAM once, and intermediates never leave the cache (Inductor's row-wise reductions and ATen's
+softmax kernel get the same locality by looping per row). Measured by the schedule's research on
+Zen 1: softmax 4096×1024 15.9 → 14.1 ms, layer_norm 128×768 0.234 → 0.179 ms, 1 thread.
+
+A chain qualifies when every kernel is a pointwise or row-reduction kernel over the same leading
+(parallel) dim with the contiguous dim last, and every result but the last one's is used only by
+later kernels of the chain, reading it at row ``d0`` (so a block of rows needs only that block).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Mapping, Sequence
+
+from neuron_compile.codegen.kernels import KernelInfo
+from neuron_compile.codegen.strategy import Schedule, Slot, TargetInfo
+from neuron_compile.codegen.strategies import vector
+from neuron_compile.codegen.transform import VECTOR_CLEANUP, SequenceWriter
+
+_INNER = {"pointwise": vector.Pointwise(), "row-reduction": vector.RowReduction()}
+
+
+def _row_kernel(k: KernelInfo) -> bool:
+    return (vector.classify(k) in _INNER and len(k.ranges) >= 2 and k.iterators[0] == "parallel"
+            and k.contiguous_dim == len(k.ranges) - 1)
+
+
+def _closed(group: Sequence[KernelInfo], uses: Mapping[str, int]) -> bool:
+    """Every result of a non-last member is used only by later members, at their row ``d0``."""
+    for i, k in enumerate(group[:-1]):
+        for r in k.results:
+            reads = [o for later in group[i + 1:] for o in later.inputs if o.value == r]
+            if not reads or uses.get(r, 0) != len(reads) or any(not o.exprs or o.exprs[0] != "d0" for o in reads):
+                return False
+    return True
+
+
+def find_groups(kernels: Sequence[KernelInfo], uses: Mapping[str, int], skip: set[int] = frozenset()
+                ) -> list[list[KernelInfo]]:
+    """Maximal runs of consecutive kernels forming a closed row-wise chain (2 or more)."""
+    groups, i = [], 0
+    while i < len(kernels):
+        k = kernels[i]
+        best = None
+        if _row_kernel(k) and k.id not in skip:
+            j = i + 1
+            while j < len(kernels) and _row_kernel(kernels[j]) and kernels[j].id not in skip \
+                    and kernels[j].ranges[0] == k.ranges[0]:
+                if _closed(kernels[i:j + 1], uses):
+                    best = j
+                j += 1
+        if best is not None:
+            groups.append(list(kernels[i:best + 1]))
+            i = best + 1
+        else:
+            i += 1
+    return groups
+
+
+def block_rows(group: Sequence[KernelInfo], target: TargetInfo) -> int:
+    """Rows per forall iteration: the block's row-sized intermediates fill about half of L2, and
+    the block count divides the rows (static tiles) with enough blocks for the threads."""
+    row_bytes = sum(math.prod(o.shape[1:]) * o.dtype.itemsize for k in group for o in k.outputs if len(o.shape) > 1)
+    n = group[0].ranges[0]
+    want = max(1, min(n // 4 or 1, target.l2_bytes // 2 // max(1, row_bytes)))
+    return next(b for b in range(want, 0, -1) if n % b == 0)
+
+
+def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping[str, int],
+                skip: set[int] = frozenset()) -> dict[int, Schedule]:
+    """The ``fused-rows`` schedule of every kernel in a qualifying chain (pure)."""
+    out = {}
+    for group in find_groups(kernels, uses, skip):
+        params: dict[str, Any] = {"group": [k.id for k in group], "rows": block_rows(group, target),
+                                  "steps": {str(k.id): vector.step(k, target) for k in group},
+                                  "members": [k.to_json() for k in group]}
+        for k in group:
+            out[k.id] = Schedule(FusedRows.name, params)
+    return out
+
+
+class FusedRows:
+    """Selected for whole chains by :func:`plan_groups` (``select`` alone never picks it); the
+    chain's last kernel carries the transform for all of them."""
+
+    name: ClassVar[str] = "fused-rows"
+    kinds: ClassVar[frozenset[str]] = frozenset({"pointwise", "reduction"})
+    fragments: ClassVar[Mapping[Slot, str]] = vector.FRAGMENTS
+    cleanup: ClassVar[str] = VECTOR_CLEANUP
+
+    def select(self, k: KernelInfo, target: TargetInfo) -> Schedule | None:
+        return None
+
+    def transform(self, k: KernelInfo, s: Schedule) -> str:
+        ids = list(s.params["group"])
+        if k.id != ids[-1]:
+            return ""  # the chain's last kernel applies the whole chain's schedule
+        members = [KernelInfo.from_json(m) for m in s.params["members"]]
+        rows = int(s.params["rows"])
+        w = SequenceWriter()
+        ops = {m.id: w.match_kernel(m.id) for m in members}
+        fills = {m.id: w.init_producers(ops[m.id], len(m.inputs), m.fill_inits) for m in members}
+        root = members[-1]
+        tiled, loop = w.tile_forall(ops[root.id], [rows] + [0] * (len(root.ranges) - 1))
+        w.annotate(loop, "neuron.root", root.id)
+        loop = w.fuse_into(fills[root.id], loop)
+        for m in reversed(members[:-1]):
+            w(f"transform.apply_cse to {loop} : !transform.any_op")  # one slice of a value two members read
+            _, loop = w.fuse(ops[m.id], loop)
+            loop = w.fuse_into(fills[m.id], loop)
+        w.canonicalize(loop)
+        w(f"transform.apply_cse to {loop} : !transform.any_op")
+        for m in members:
+            ext = [rows] + list(m.ranges[1:])
+            strategy = _INNER[vector.classify(m)]
+            strategy.inner(w, m, int(s.params["steps"][str(m.id)]), w.match_kernel(m.id, loop), ext, loop)
+        return w.text()
