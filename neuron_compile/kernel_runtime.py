@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from neuron_compile.toolchain import run_stage, tool
 
@@ -215,6 +215,29 @@ def runtime_object(name: str) -> Path:
     src.write_text({"runtime": RUNTIME_C, "profile": PROFILE_C}[name])
     run_stage("obj", [tool("cc"), "-O2", "-fPIC", "-c", str(src), "-o", str(obj)], src, 120)
     return obj
+
+
+ENTRY_SYMBOL = "neuron_entry"
+
+
+def entry_source(kernel_symbol: str, specs: Sequence[Any]) -> str:
+    """C source of ``void neuron_entry(void **data)``: builds each memref descriptor (MLIR's
+    "LLVM IR target" calling convention: allocated, aligned, offset, sizes, strides) on the stack
+    from the static shapes and strides in ``specs`` and the data pointers the caller passes, and
+    calls ``_mlir_ciface_<kernel_symbol>``. One foreign call per graph with one argument, instead
+    of one ctypes struct and argument conversion per tensor; reentrant (nothing shared)."""
+    decls, args = [], []
+    for i, s in enumerate(specs):
+        rank = len(s.shape)
+        dims = (f", {{{', '.join(map(str, s.shape))}}}, {{{', '.join(map(str, s.stride))}}}" if rank else "")
+        fields = f" int64_t sizes[{rank}], strides[{rank}];" if rank else ""
+        decls.append(f"  struct {{ void *allocated, *aligned; int64_t offset;{fields} }} d{i} = "
+                     f"{{data[{i}], data[{i}], 0{dims}}};")
+        args.append(f"&d{i}")
+    proto = ", ".join(["void *"] * len(specs)) or "void"
+    return (f"#include <stdint.h>\nextern void _mlir_ciface_{kernel_symbol}({proto});\n"
+            f"void {ENTRY_SYMBOL}(void **data) {{\n" + "\n".join(decls)
+            + f"\n  _mlir_ciface_{kernel_symbol}({', '.join(args)});\n}}\n")
 
 
 @functools.lru_cache(maxsize=1)

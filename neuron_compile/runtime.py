@@ -25,20 +25,24 @@ KERNEL_SYMBOL = "neuron_kernel"
 
 
 def load_shared_object(path: Path) -> tuple[Callable[..., None], Any]:
-    """``dlopen`` a kernel library; returns (entry function, library handle to keep alive).
+    """``dlopen`` a kernel library; returns (entry function, library handle to keep alive). The
+    entry is the packed ``neuron_entry(void **data)`` (:func:`~neuron_compile.kernel_runtime.entry_source`)
+    when the library has one, else ``_mlir_ciface_neuron_kernel`` taking descriptors.
 
     Raises:
         ExecutableError: the library does not load (unresolved symbol, wrong architecture) or has
             no kernel entry point.
     """
     from neuron_compile.errors import ExecutableError
+    from neuron_compile.kernel_runtime import ENTRY_SYMBOL
     try:
         lib = ctypes.CDLL(str(path))
-        fn = getattr(lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
+        fn = getattr(lib, ENTRY_SYMBOL, None) or getattr(lib, f"_mlir_ciface_{KERNEL_SYMBOL}")
     except (OSError, AttributeError) as e:
         raise ExecutableError(f"cannot load kernel library {path}: {e}. Clear the cache entry "
                               "(neuron-compile cache clear) and recompile; if it persists, report it.") from e
     fn.restype = None
+    fn.packed = fn.__name__ == ENTRY_SYMBOL
     from neuron_compile.kernel_runtime import bind
     bind(lib)  # parallel loops run on torch's OpenMP thread pool
     return fn, lib
@@ -91,6 +95,10 @@ class Executable:
         self.output_specs = plan.output_specs
         self.outputs: list[OutputSlot] = plan.outputs
         self._fn = kernel
+        self._packed = bool(getattr(kernel, "packed", False))
+        n = len(plan.input_specs) + len(plan.host_specs) + len(plan.output_specs)
+        self._pointers = ctypes.c_void_p * n
+        self._sizes = [torch.Size(s.shape) for s in plan.input_specs]
         self._keepalive = keepalive  # the loaded library / JIT engine owning the code
         from neuron_compile import profile
         self.profile = profile.attach(self, keepalive)  # None unless compiled with NEURON_PROFILE
@@ -109,11 +117,11 @@ class Executable:
             return torch.empty(spec.shape, dtype=spec.dtype)
         if not isinstance(t, torch.Tensor):
             raise RuntimeCallError(f"{self.name}: input {i} must be a tensor, got {type(t).__name__}")
-        if tuple(t.shape) != spec.shape or t.dtype != spec.dtype or t.device.type != "cpu":
+        if t.shape != self._sizes[i] or t.dtype != spec.dtype or not t.is_cpu:
             raise RuntimeCallError(
                 f"{self.name}: input {i} is {tuple(t.shape)} {t.dtype} on {t.device}, but the executable was "
                 f"compiled for {spec.shape} {spec.dtype} on cpu; recompile for the new shape")
-        if not _layout_matches(t, spec):  # never read a tensor with the wrong strides: copy it
+        if t.stride() != spec.stride and not _layout_matches(t, spec):  # never read with the wrong strides: copy
             t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype).copy_(t)
         return t
 
@@ -139,7 +147,9 @@ class Executable:
         inputs = [self._prepare_input(i, t) for i, t in enumerate(args)]
         host = [self._run_host_op(op, inputs) for op in self.host_ops]
         outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in self.output_specs]
-        if self._fn is not None:
+        if self._packed:  # one foreign call; descriptors are built in C from the static specs
+            self._fn(self._pointers(*[t.data_ptr() for t in (*inputs, *host, *outs)]))
+        elif self._fn is not None:
             descs = [_descriptor(t, s) for t, s in zip(inputs, self.input_specs)]
             descs += [_descriptor(t, s) for t, s in zip(host, self.host_specs)]
             descs += [_descriptor(t, s) for t, s in zip(outs, self.output_specs)]
