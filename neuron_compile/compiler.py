@@ -27,8 +27,9 @@ from neuron_compile.codegen.strategy import parse_overrides
 from neuron_compile.config import Config
 from neuron_compile.debug import Dumper
 from neuron_compile.executable import LLVM_MLIR, NATIVE, Build
+from neuron_compile.kernel_runtime import entry_source
 from neuron_compile.phases import Phase, linalg_to_llvm
-from neuron_compile.runtime import Executable
+from neuron_compile.runtime import KERNEL_SYMBOL, Executable
 from neuron_compile.target import HostCPU
 from neuron_compile.toolchain import run_stage, tool
 
@@ -83,7 +84,8 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     t0 = time.perf_counter()
     overrides = parse_overrides(config.schedule)
     lowered = lower_graph(gm, name, profile=config.profile, target=target.info(), overrides=overrides)
-    codegen = plan_codegen(lowered.kernels, target.info(), overrides, in_place_outputs=not lowered.shares_inits)
+    codegen = plan_codegen(lowered.kernels, target.info(), overrides, in_place_outputs=not lowered.shares_inits,
+                           uses=lowered.value_uses)
     build_seconds[Phase.LINALG.value] = time.perf_counter() - t0
     dumper.write("schedule", "json", json.dumps(codegen.to_json(), indent=1))
     lowered.plan.checks = checks
@@ -99,7 +101,10 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
             dumper.copy("schedule", workdir / "kernel.schedule.mlir")
         dumper.copy(Phase.LLVM.value, llvm_path)
         t0 = time.perf_counter()
-        so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout, config.profile)
+        plan = lowered.plan
+        entry = entry_source(KERNEL_SYMBOL, [*plan.input_specs, *plan.host_specs, *plan.output_specs])
+        so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout, config.profile, entry,
+                            config.jobs)
         build_seconds[Phase.OBJ.value] = time.perf_counter() - t0
         dumper.copy(Phase.OBJ.value, workdir / "kernel.ll")
         build.payloads = {NATIVE: so, LLVM_MLIR: llvm_path}

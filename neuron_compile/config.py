@@ -25,6 +25,7 @@ _ENV = {
     "passes": "NEURON_PASSES",
     "schedule": "NEURON_SCHEDULE",
     "profile": "NEURON_PROFILE",
+    "compile_jobs": "NEURON_COMPILE_JOBS",
 }
 
 
@@ -50,6 +51,9 @@ class Config:
             :func:`neuron_compile.codegen.strategy.parse_overrides`).
         profile: time every kernel and print a table per graph at exit (``NEURON_PROFILE``; see
             :mod:`neuron_compile.profile`). Profiled code is compiled (and cached) separately.
+        compile_jobs: parallel ``opt``/``llc`` processes per graph (``NEURON_COMPILE_JOBS``; default
+            0 = one per core this process may run on). The module is split by function, so the
+            code is the same whatever the count; not part of the cache key.
     """
 
     dump_dir: str | None = None
@@ -62,6 +66,12 @@ class Config:
     passes: str = "default"
     schedule: str = ""
     profile: bool = False
+    compile_jobs: int = 0
+
+    @property
+    def jobs(self) -> int:
+        """:attr:`compile_jobs` resolved (``0`` → the cores of this process's affinity mask)."""
+        return self.compile_jobs or len(os.sched_getaffinity(0))
 
     @property
     def pass_names(self) -> tuple[str, ...]:
@@ -129,6 +139,8 @@ def resolve_config(options: Mapping[str, Any] | None = None,
     cfg = Config(**values)
     if not 0 <= cfg.opt_level <= 3:
         raise NeuronCompileError(f"opt_level must be 0..3, got {cfg.opt_level}")
+    if cfg.compile_jobs < 0:
+        raise NeuronCompileError(f"compile_jobs must be >= 0 (0 = one per core), got {cfg.compile_jobs}")
     if cfg.compile_timeout <= 0:
         raise NeuronCompileError(f"compile_timeout must be > 0 seconds, got {cfg.compile_timeout}")
     cfg.pass_names  # noqa: B018  (validates the pass spec now, with a clear error)
