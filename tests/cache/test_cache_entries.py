@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -144,7 +145,7 @@ def test_eviction_never_removes_an_entry_another_process_holds_locked(tmp_path):
     try:
         # holding a filelock from this process: `remove` must treat it as busy
         child = subprocess.run(
-            ["python", "-c", f"from neuron_compile.cache import ArtifactCache; from pathlib import Path; "
+            [sys.executable, "-c", f"from neuron_compile.cache import ArtifactCache; from pathlib import Path; "
                              f"c = ArtifactCache(Path({str(tmp_path)!r}), 1); print(c.evict())"],
             capture_output=True, text=True, timeout=120)
         assert child.returncode == 0, child.stderr
