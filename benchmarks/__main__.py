@@ -52,6 +52,10 @@ def measure(w: Workload, threads: int, min_rounds: int, budget_s: float) -> dict
     """Cold first-call time and steady-state median of every backend on ``w`` at ``threads``."""
     torch.set_num_threads(threads)
     torch._dynamo.reset()
+    # cold means cold for every thread count: a fresh artifact cache (Inductor's FX graph cache is off)
+    from neuron_compile.cache import clear_memory_cache
+    clear_memory_cache()
+    os.environ["NEURON_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-neuron-cache-")
     fn, inputs = w.make()
     steps, cold, errors = {}, {}, {}
     for backend in BACKENDS:
