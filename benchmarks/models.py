@@ -9,12 +9,17 @@ import torch.nn.functional as F
 
 
 class MLP(nn.Module):
-    def __init__(self, d_in: int = 256, hidden: int = 512, d_out: int = 10):
+    """Linear → LayerNorm → GELU → Linear (``norm_first``), or Linear → GELU → LayerNorm → Linear."""
+
+    def __init__(self, d_in: int = 256, hidden: int = 512, d_out: int = 10, norm_first: bool = True):
         super().__init__()
         self.fc1, self.norm, self.fc2 = nn.Linear(d_in, hidden), nn.LayerNorm(hidden), nn.Linear(hidden, d_out)
+        self.norm_first = norm_first
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.norm(self.fc1(x))))
+        h = self.fc1(x)
+        h = F.gelu(self.norm(h)) if self.norm_first else self.norm(F.gelu(h))
+        return self.fc2(h)
 
 
 class Attention(nn.Module):

@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from benchmarks.models import MLP
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -22,17 +24,6 @@ class Workload:
     train: bool = False
     flops: int = 0
     heavy: bool = False
-
-
-class MLP(nn.Module):
-    """512 → 1024 (GELU, LayerNorm) → 512: the issue's MLP."""
-
-    def __init__(self, d: int = 512, hidden: int = 1024):
-        super().__init__()
-        self.fc1, self.norm, self.fc2 = nn.Linear(d, hidden), nn.LayerNorm(hidden), nn.Linear(hidden, d)
-
-    def forward(self, x):
-        return self.fc2(self.norm(F.gelu(self.fc1(x))))
 
 
 class CausalAttention(nn.Module):
@@ -67,6 +58,11 @@ def _gemm(n: int, layout: str) -> Workload:
 def _seeded(factory: Callable[[], nn.Module]) -> nn.Module:
     torch.manual_seed(0)
     return factory()
+
+
+def _issue_mlp() -> nn.Module:
+    """512 → 1024 (GELU, LayerNorm) → 512: the issue's MLP."""
+    return MLP(512, 1024, 512, norm_first=False)
 
 
 def _gpt2(train: bool) -> Workload:
@@ -106,8 +102,8 @@ def workloads() -> list[Workload]:
         Workload("linear+gelu 1024x1024, batch 1024", "op",
                  lambda: (_seeded(lambda: nn.Sequential(nn.Linear(1024, 1024), nn.GELU())), (torch.randn(1024, 1024),)),
                  flops=2 * 1024 ** 3),
-        Workload("mlp inference", "block", lambda: (_seeded(MLP), (torch.randn(256, 512),))),
-        Workload("mlp train step", "block", lambda: (_seeded(MLP), (torch.randn(256, 512),)), train=True),
+        Workload("mlp inference", "block", lambda: (_seeded(_issue_mlp), (torch.randn(256, 512),))),
+        Workload("mlp train step", "block", lambda: (_seeded(_issue_mlp), (torch.randn(256, 512),)), train=True),
         Workload("attention inference", "block", lambda: (_seeded(CausalAttention), (torch.randn(8, 128, 256),))),
         Workload("attention train step", "block", lambda: (_seeded(CausalAttention), (torch.randn(8, 128, 256),)),
                  train=True),
