@@ -72,6 +72,9 @@ def llc_host_cpu() -> str:
     return cpu.group(1) if cpu else "generic"
 
 
+SPLIT_MIN_BYTES = 256 << 10  # LLVM IR text below this compiles as one module
+
+
 @dataclass(frozen=True)
 class HostCPU:
     """The host CPU through LLVM.
@@ -143,8 +146,10 @@ class HostCPU:
         n_functions = sum(1 for line in ll.open() if line.startswith("define "))
         # more parts than processes: the graph's function (every kernel not run by threads) is
         # the largest, so the others share the remaining processes (measured 7.1 s + 2.7 s with
-        # two halves against 4.9 s wall with eight parts on two processes)
-        parts = max(1, min(4 * jobs if jobs > 1 else 1, n_functions))
+        # two halves against 4.9 s wall with eight parts on two processes). A small module stays
+        # whole: each part costs two process starts (~40 ms) and the split itself.
+        big = ll.stat().st_size >= SPLIT_MIN_BYTES
+        parts = max(1, min(4 * jobs if jobs > 1 and big else 1, n_functions))
         if parts > 1:
             run_stage("obj", [tool("llvm-split"), f"-j{parts}", "--round-robin", str(ll), "-o",
                               str(workdir / "part.bc")], ll, timeout)

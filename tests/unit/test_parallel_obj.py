@@ -16,7 +16,9 @@ def _model(x, w):
 
 
 @pytest.mark.parametrize("jobs", [1, 3])
-def test_split_compile_matches_float64_eager(jobs):
+def test_split_compile_matches_float64_eager(jobs, monkeypatch):
+    from neuron_compile import target
+    monkeypatch.setattr(target, "SPLIT_MIN_BYTES", 0)  # split even this small graph
     torch.manual_seed(0)
     x, w = torch.randn(64, 48), torch.randn(48, 40)
     torch._dynamo.reset()
@@ -25,15 +27,19 @@ def test_split_compile_matches_float64_eager(jobs):
     torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-5)
 
 
-def test_objects_are_split_by_function(tmp_path):
+def test_objects_are_split_by_function(tmp_path, monkeypatch):
     """``llvm-split`` gives one module per part; every part becomes an object that is linked."""
+    from neuron_compile import target
     from neuron_compile.target import HostCPU
+    monkeypatch.setattr(target, "SPLIT_MIN_BYTES", 0)
     ll = tmp_path / "kernel.ll"
     ll.write_text("".join(f"define i32 @f{i}(i32 %x) {{\n  %y = add i32 %x, {i}\n  ret i32 %y\n}}\n"
                           for i in range(5)))
     objs = HostCPU.detect()._objects(ll, tmp_path, 2, 120, jobs=2)
     assert len(objs) == 5 and all(o.stat().st_size > 0 for o in objs)
     assert len(HostCPU.detect()._objects(ll, tmp_path, 2, 120, jobs=1)) == 1
+    monkeypatch.setattr(target, "SPLIT_MIN_BYTES", ll.stat().st_size + 1)  # small: one module
+    assert len(HostCPU.detect()._objects(ll, tmp_path, 2, 120, jobs=2)) == 1
 
 
 def test_negative_compile_jobs_is_refused():
