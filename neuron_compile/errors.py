@@ -45,9 +45,10 @@ class UnsupportedOpsError(NeuronCompileError):
             "no silent fallback is made:"
         ]
         for u in self.ops:
-            why = f" ({u.reason})" if u.reason else ""
-            lines.append(f"  - {u.op} (FX node '{u.node}') at {u.location}{why}; "
-                         f"a lowering rule would go in {u.rule_file}")
+            # a reason (a dtype, a data-dependent size) says what to change; with none, the op has
+            # no lowering rule and the hint says where one would go
+            why = f" ({u.reason})" if u.reason else f"; a lowering rule would go in {u.rule_file}"
+            lines.append(f"  - {u.op} (FX node '{u.node}') at {u.location}{why}")
         lines.append("Rewrite these calls with supported ops, or add a lowering rule "
                      "(@register_lowering in neuron_compile.lowering.rules).")
         super().__init__("\n".join(lines))

@@ -82,13 +82,13 @@ def table(exe: Any) -> str:
     """The profile of one executable as a text table, slowest kernels first."""
     rs = sorted(rows(exe), key=lambda r: -r["seconds"])
     calls = max((r["calls"] for r in rs), default=0)
-    head = f"neuron-compile profile: {exe.name} ({calls} calls)"
-    lines = [head, f"{'kernel':>6} {'kind':<10} {'schedule':<14} {'loops':<16} {'ms/call':>9} {'share':>6} "
+    head = f"neuron-compile profile: {exe.name} ({calls} call{'s' if calls != 1 else ''})"
+    lines = [head, f"{'kernel':>6} {'kind':<10} {'schedule':<16} {'loops':<16} {'ms/call':>9} {'share':>6} "
                    f"{'rate':>16}  ATen ops"]
     for r in rs:
         per = r["seconds"] / r["calls"] * 1e3 if r["calls"] else 0.0
         ops = ", ".join(o.removeprefix("aten.") for o in r["ops"])
-        lines.append(f"{r['kernel']!s:>6} {r['kind']:<10.10} {r['schedule']:<14.14} {r['ranges']:<16.16} {per:>9.3f} "
+        lines.append(f"{r['kernel']!s:>6} {r['kind']:<10.10} {r['schedule']:<16.16} {r['ranges']:<16.16} {per:>9.3f} "
                      f"{r['share']:>6.1%} "
                      f"{r['rate']:>16}  {ops[:100]}")
     return "\n".join(lines)

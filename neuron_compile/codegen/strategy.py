@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from neuron_compile.codegen.kernels import KINDS, KernelInfo
 from neuron_compile.errors import NeuronCompileError
+
+log = logging.getLogger("neuron_compile")
 
 
 class Slot(str, enum.Enum):
@@ -141,9 +144,12 @@ def select_all(kernels: Sequence[KernelInfo], target: TargetInfo,
     together first (``fused-rows``; ``uses`` counts each SSA value's uses); an overridden kernel
     never joins a chain.
 
+    An override by kind (or ``"*"``) that a kernel's strategy declines leaves that kernel on its
+    default schedule, with a warning.
+
     Raises:
         NeuronCompileError: an override by kernel id names a strategy that does not handle that
-            kernel's kind.
+            kernel's kind or declines the kernel.
     """
     from neuron_compile.codegen.strategies.fused_rows import plan_groups
     overrides = overrides or {}
@@ -157,13 +163,18 @@ def select_all(kernels: Sequence[KernelInfo], target: TargetInfo,
         forced = overrides.get(str(k.id)) or overrides.get(k.kind) or overrides.get("*")
         if forced is not None:
             s = strategy_named(forced.strategy)
-            if k.kind in s.kinds:
-                base = s.select(k, target)
-                params = {**(base.params if base and base.strategy == s.name else {}), **forced.params}
-                chosen.append(Schedule(s.name, params))
+            base = s.select(k, target) if k.kind in s.kinds else None
+            if base is not None and base.strategy == s.name:
+                chosen.append(Schedule(s.name, {**base.params, **forced.params}))
                 continue
+            why = (f"strategy {s.name!r} handles {sorted(s.kinds)}, not {k.kind!r}" if k.kind not in s.kinds
+                   else f"strategy {s.name!r} declines this {k.kind} kernel (its loops, maps or dtypes do not fit"
+                        + (", and fused-rows is only planned for whole chains" if s.name == "fused-rows" else "")
+                        + ")")
             if str(k.id) in overrides:
-                raise NeuronCompileError(f"schedule override for kernel {k.id}: strategy {s.name!r} handles "
-                                         f"{sorted(s.kinds)}, not {k.kind!r}")
+                raise NeuronCompileError(f"schedule override for kernel {k.id}: {why}; see NN.schedule.json in "
+                                         "NEURON_DUMP_DIR for each kernel's kind and default strategy")
+            log.warning("schedule override %r not applied to kernel %d: %s; it keeps its default schedule",
+                        forced.strategy, k.id, why)
         chosen.append(next(sched for s in strategies() if k.kind in s.kinds and (sched := s.select(k, target))))
     return chosen

@@ -78,3 +78,16 @@ def test_schedule_option_is_validated_when_the_config_is_resolved():
     assert json.loads(resolve_config({"schedule": {"matmul": "loops"}}).schedule) == {"matmul": "loops"}
     with pytest.raises(NeuronCompileError, match="unknown codegen strategy"):
         resolve_config({}, {"NEURON_SCHEDULE": '{"*": "nope"}'})
+
+
+def test_an_override_a_kernel_cannot_take_is_an_error_by_id_and_a_warning_by_kind(lowered, caplog):
+    target = TargetInfo("avx2", 256, 16)
+    row = next(k for k in lowered.kernels if k.kind == "reduction" and k.contiguous_dim in k.reduction_dims)
+    default = plan_codegen(lowered.kernels, target).schedules[row.id]
+    for strategy in ("column-reduction", "fused-rows", "matmul"):
+        with pytest.raises(NeuronCompileError, match=f"kernel {row.id}: strategy '{strategy}'"):
+            plan_codegen(lowered.kernels, target, json.dumps({str(row.id): strategy}))
+    with caplog.at_level("WARNING", logger="neuron_compile"):
+        plan = plan_codegen(lowered.kernels, target, '{"reduction": "fused-rows"}')
+    assert plan.schedules[row.id] == default  # kept, not half-applied (it crashed with KeyError: 'group')
+    assert f"not applied to kernel {row.id}" in caplog.text
