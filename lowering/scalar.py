@@ -39,7 +39,11 @@ class ScalarBuilder:
         if dtype.is_floating_point:
             lit = float_literal(float(value), dtype)
         else:
-            lit = str(int(value))
+            # torch converts a Python int to the tensor's integer dtype by wrapping (uint8 + 300 adds
+            # 44; ``u < 300`` compares with 44), and MLIR refuses literals outside the type's width
+            bits = 8 * dtype.itemsize
+            v = int(value) & ((1 << bits) - 1)
+            lit = str(v - (1 << bits) if v >= 1 << (bits - 1) else v)
         return self._emit(f"arith.constant {lit} : {ty}", dtype)
 
     def cast(self, x: Scalar, dtype: torch.dtype) -> Scalar:
