@@ -143,7 +143,7 @@ class HostCPU:
         and compiled in parallel processes. One module took 24 s for GPT-2-2L's backward graph on
         2 cores, with one idle (``opt`` and ``llc`` are single-threaded)."""
         cpu = [f"-mcpu={llc_host_cpu()}", f"-mtriple={self.triple}"]
-        n_functions = sum(1 for line in ll.open() if line.startswith("define "))
+        n_functions = len(re.findall(r"^define ", ll.read_text(), re.MULTILINE))
         # more parts than processes: the graph's function (every kernel not run by threads) is
         # the largest, so the others share the remaining processes (measured 7.1 s + 2.7 s with
         # two halves against 4.9 s wall with eight parts on two processes). A small module stays
