@@ -232,13 +232,15 @@ class ScalarBuilder:
     def exp(self, a: Scalar) -> Scalar:
         """``exp``; float32 inline (vectorizable) as Cephes ``expf``: Cody-Waite range reduction
         x = n·ln2 + r, a degree-6 polynomial for e^r, scaling by 2^n through the exponent bits in two
-        steps (no overflow at n = 128). Measured ≤ 1 ulp against ``torch.exp`` on [-90, 90]; ±inf,
-        NaN and underflow (x < ln FLT_MIN → 0) handled explicitly."""
+        steps (no overflow at n = 128, subnormal results down to n = -150). Measured ≤ 1 ulp against
+        ``torch.exp`` on [-90, 90]; ±inf, NaN and underflow (x < -104 → 0) handled explicitly."""
         if a.dtype != torch.float32:
             return self.unary("math.exp", a)
         with self._exact():
             f32, i32 = torch.float32, torch.int32
-            hi, lo = self.const(88.72283, f32), self.const(-87.33654, f32)
+            # below ln(2^-149/2) the result rounds to 0; between that and ln FLT_MIN it is subnormal,
+            # reached by the two-step scaling (2^n1·2^n2 with n1, n2 ≥ -75)
+            hi, lo = self.const(88.72283, f32), self.const(-104.0, f32)
             xc = self.minimum(self.maximum(a, lo), hi)
             fx = self.unary("math.floor", self.fma(xc, self.const(1.44269504088896341, f32), self.const(0.5, f32)))
             r = self.fma(fx, self.const(-0.693359375, f32), xc)
@@ -314,23 +316,26 @@ class ScalarBuilder:
 
     def log1p(self, a: Scalar) -> Scalar:
         """``log(1 + x)`` accurate for small x (Goldberg, *What every computer scientist should know
-        about floating-point arithmetic*, 1991, thm. 4): u = 1 + x; x·log(u)/(u - 1), or x if u == 1."""
+        about floating-point arithmetic*, 1991, thm. 4): u = 1 + x; x·(log(u)/(u - 1)), or x if u == 1.
+        The quotient is formed first so ``x·log(u)`` cannot overflow near the dtype's largest value."""
         with self._exact():
             one = self.const(1.0, a.dtype)
             u = self.add(one, a)
             um1 = self.sub(u, one)
-            exact = self.div(self.mul(a, self.log(u)), um1)
+            exact = self.mul(a, self.div(self.log(u), um1))
             big = self.cmp("eq", u, self.const(float("inf"), a.dtype))
             r = self.select(self.cmp("eq", u, one), a, exact)
             return self.select(big, u, r)
 
     def expm1(self, a: Scalar) -> Scalar:
-        """``exp(x) - 1`` accurate for small x (Kahan's trick): u = exp(x); (u - 1)·x/log(u), x if u == 1."""
+        """``exp(x) - 1`` accurate for small x (Kahan's trick): u = exp(x); (u - 1)·(x/log(u)), x if
+        u == 1. The quotient ``x/log(u)`` (≈ 1) is formed first: ``(u - 1)·x`` overflows for x within
+        ~log(x) of log(max), e.g. float32 expm1(84.5)."""
         with self._exact():
             one = self.const(1.0, a.dtype)
             u = self.exp(a)
             um1 = self.sub(u, one)
-            r = self.div(self.mul(um1, a), self.log(u))
+            r = self.mul(um1, self.div(a, self.log(u)))
             r = self.select(self.cmp("eq", u, one), a, r)
             r = self.select(self.cmp("eq", um1, self.const(-1.0, a.dtype)), um1, r)
             return self.select(self.cmp("eq", u, self.const(float("inf"), a.dtype)), u, r)
@@ -343,8 +348,8 @@ class ScalarBuilder:
 
     def tanh(self, a: Scalar) -> Scalar:
         """``tanh``; float32 inline (vectorizable) as the rational approximation of Eigen and XLA
-        (``generic_fast_tanh_float``): x·P(x²)/Q(x²) on [-7.9053, 7.9053], x itself below 4e-4 (where
-        it is exact to float32); NaN propagates. Without it ``math.tanh`` becomes scalar ``tanhf``
+        (``generic_fast_tanh_float``): x·P(x²)/Q(x²) on [-7.9053, 7.9053], ±1 beyond 9.02, x itself
+        below 4e-4 (where it is exact to float32); NaN propagates. Without it ``math.tanh`` becomes scalar ``tanhf``
         calls (GPT-2's GELU is the tanh form)."""
         if a.dtype != torch.float32:
             return self.unary("math.tanh", a)
@@ -361,6 +366,10 @@ class ScalarBuilder:
             for c in (1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03):
                 q = self.fma(q, x2, self.const(c, f32))
             r = self.div(self.mul(p, x), q)
+            # ±1 exactly where float32 tanh rounds to ±1 (|x| > 9.011), so 1 + tanh(x) is 0 there
+            # (GELU's tanh form at large negative x is -0, as eager)
+            one = self._emit(f"math.copysign {self.const(1.0, f32).name}, {a.name} : f32", f32)
+            r = self.select(self.cmp("gt", self.abs(a), self.const(9.02, f32)), one, r)
             tiny = self.cmp("lt", self.abs(a), self.const(0.0004, f32))
             return self.select(tiny, a, r)
 
