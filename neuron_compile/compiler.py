@@ -54,12 +54,18 @@ def run_fx_passes(gm: torch.fx.GraphModule, graph_name: str, dumper: Dumper, sec
 
 def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float, codegen: CodegenPlan | None = None) -> Path:
     """``linalg`` → ``llvm``: run :func:`~neuron_compile.phases.linalg_to_llvm` with ``mlir-opt``,
-    applying ``codegen``'s schedules (written to ``kernel.schedule.mlir`` next to the output)."""
+    applying ``codegen``'s schedules (written to ``kernel.schedule.mlir`` next to the output) to
+    the module with each scheduled kernel outlined (``kernel.outlined.mlir``; see
+    :mod:`neuron_compile.codegen.outline`)."""
+    from neuron_compile.codegen.outline import outline_kernels
     out = workdir / LLVM_MLIR
     library = None
     if codegen is not None and codegen.library:
         library = workdir / "kernel.schedule.mlir"
         library.write_text(codegen.library)
+        outlined = workdir / "kernel.outlined.mlir"
+        outlined.write_text(outline_kernels(linalg_path.read_text(), codegen.groups))
+        linalg_path = outlined
     pipeline = linalg_to_llvm(library, codegen.fragments if codegen else None,
                               codegen.in_place_outputs if codegen else True)
     run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={pipeline}",

@@ -53,6 +53,8 @@ TO_LLVM = (f"arith-expand{{include-bf16=true}},convert-scf-to-cf,expand-strided-
 LINALG_TO_LLVM = f"builtin.module({ELIMINATE_EMPTY},{TENSOR_OPT},{BUFFERIZE},{LOOPS},{TO_LLVM})"
 # the kernels' schedules (neuron_compile.codegen) run first, on the emitter's IR as written
 TRANSFORM = "transform-preload-library{{transform-library-paths={library}}},transform-interpreter"
+# the outlined kernels (neuron_compile.codegen.outline) back into the graph's function
+INLINE = "inline,symbol-dce"
 
 
 def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequence[str]] | None = None,
@@ -71,7 +73,9 @@ def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequenc
 
     def slot(s: Slot) -> str:
         return "".join(f"{f}," for f in dict.fromkeys(fragments.get(s, ())))
-    head = TRANSFORM.format(library=library) + "," if library else ""
+    # the schedules run on kernels outlined into functions of their own; inlining them back comes
+    # before eliminate-empty-tensors, which must see the graph's outputs and the kernels together
+    head = TRANSFORM.format(library=library) + f",{INLINE}," if library else ""
     first = f"{ELIMINATE_EMPTY}," if eliminate_empty else ""
-    return (f"builtin.module({first}{head}{TENSOR_OPT},{BUFFERIZE},{slot(Slot.POST_BUFFERIZE)}{LOOPS},"
+    return (f"builtin.module({head}{first}{TENSOR_OPT},{BUFFERIZE},{slot(Slot.POST_BUFFERIZE)}{LOOPS},"
             f"{slot(Slot.PRE_LLVM)}{TO_LLVM})")

@@ -24,6 +24,8 @@ class CodegenPlan:
         fragments: pass fragments per :class:`Slot`, in strategy order, deduplicated.
         in_place_outputs: graph outputs are written in place (``eliminate-empty-tensors``); off
             when one value initialises two ops (:attr:`LoweredGraph.shares_inits`).
+        groups: the kernel ids each transform sequence schedules, outlined into one function
+            each while the schedules run (:mod:`neuron_compile.codegen.outline`).
     """
 
     kernels: list[KernelInfo]
@@ -32,6 +34,7 @@ class CodegenPlan:
     library: str = ""
     fragments: dict[Slot, list[str]] = field(default_factory=dict)
     in_place_outputs: bool = True
+    groups: list[list[int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target.to_json(), "in_place_outputs": self.in_place_outputs,
@@ -65,7 +68,8 @@ def _apply(kernels: list[KernelInfo], schedules: list[Schedule], target: TargetI
         for slot, frag in strategy_named(s.strategy).fragments.items():
             if frag not in fragments.setdefault(slot, []):
                 fragments[slot].append(frag)
-    return CodegenPlan(kernels, schedules, target, build_library(kernels, schedules), fragments, in_place_outputs)
+    library, groups = build_library(kernels, schedules)
+    return CodegenPlan(kernels, schedules, target, library, fragments, in_place_outputs, groups)
 
 
 __all__ = ["CodegenPlan", "KernelInfo", "Schedule", "Slot", "TargetInfo", "plan_codegen", "plan_from_json"]

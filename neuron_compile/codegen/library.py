@@ -11,9 +11,11 @@ from neuron_compile.codegen.strategy import Schedule, strategy_named
 ANY = "!transform.any_op"
 
 
-def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) -> str:
-    """The library text, or ``""`` when no kernel's schedule has a transform (pure ``loops``)."""
-    seqs, calls, cleanups = [], [], []
+def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) -> tuple[str, list[list[int]]]:
+    """The library text (``""`` when no kernel's schedule has a transform, pure ``loops``) and the
+    kernel ids each sequence schedules (one group per sequence, in kernel order; a fused-rows
+    chain is one group), which :func:`~neuron_compile.codegen.outline.outline_kernels` outlines."""
+    seqs, calls, cleanups, groups = [], [], [], []
     # a strategy with a higher ``order`` runs after the others, and so does its clean-up (which
     # may rewrite the whole function)
     ordered = sorted(zip(kernels, schedules), key=lambda ks: getattr(strategy_named(ks[1].strategy), "order", 0))
@@ -24,15 +26,17 @@ def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) 
         body = strategy.transform(k, s)
         if not body:
             continue
+        groups.append(sorted(s.params.get("group", [k.id])))
         name = f"@kernel_{k.id}_{s.strategy.replace('-', '_')}"
         seqs.append(f"  transform.named_sequence {name}(%root: {ANY} {{transform.readonly}}) {{\n"
                     f"{body.rstrip()}\n    transform.yield\n  }}")
         calls.append(f"    transform.include {name} failures(propagate) (%root) : ({ANY}) -> ()")
     if not seqs:
-        return ""
+        return "", []
     main = (f"  transform.named_sequence @__transform_main(%root: {ANY} {{transform.readonly}}) {{\n"
             + "\n".join(calls + cleanups) + "\n    transform.yield\n  }")
-    return "module attributes {transform.with_named_sequence} {\n" + "\n".join(seqs) + "\n" + main + "\n}\n"
+    text = "module attributes {transform.with_named_sequence} {\n" + "\n".join(seqs) + "\n" + main + "\n}\n"
+    return text, sorted(groups)
 
 
 def match_kernel(kernel_id: int, result: str = "%k") -> str:

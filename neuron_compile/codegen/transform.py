@@ -39,13 +39,12 @@ class SequenceWriter:
              f": ({ANY}) -> {ANY}")
         return h
 
-    def kernel_func(self) -> str:
-        """The graph's function (exactly one op, even when an earlier kernel's canonicalization
-        folded this kernel's op away and its own handle is empty)."""
+    def kernel_func(self, h: str) -> str:
+        """The function holding kernel handle ``h``: the kernel's own while kernels are outlined
+        (:mod:`neuron_compile.codegen.outline`), else the graph's."""
         f = self.fresh("fn")
         self.fn = f
-        self(f'{f} = transform.structured.match ops{{["func.func"]}} attributes {{llvm.emit_c_interface}} in %root '
-             f": ({ANY}) -> {ANY}")
+        self(f'{f} = transform.get_parent_op {h} {{deduplicate, op_name = "func.func"}} : ({ANY}) -> {ANY}')
         return f
 
     def init_producers(self, h: str, n_inputs: int, fill_inits: Sequence[bool]) -> list[str]:
@@ -120,7 +119,7 @@ class SequenceWriter:
 # apply_patterns (mixing vector lowering with canonicalization hung or crashed: toolchain trap 7);
 # lower_masked_transfers must come before any canonicalization ('vector.mask' op expects only one
 # operation to mask).
-VECTOR_CLEANUP = """    %cf = transform.structured.match ops{["func.func"]} attributes {llvm.emit_c_interface} in %root : (!transform.any_op) -> !transform.any_op
+VECTOR_CLEANUP = """    %cf = transform.structured.match ops{["func.func"]} attributes {neuron.code} in %root : (!transform.any_op) -> !transform.any_op
     transform.apply_patterns to %cf {
       transform.apply_patterns.vector.lower_masked_transfers
     } : !transform.any_op
@@ -128,11 +127,14 @@ VECTOR_CLEANUP = """    %cf = transform.structured.match ops{["func.func"]} attr
       transform.apply_patterns.canonicalization
       transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers
     } : !transform.any_op
-    transform.apply_cse to %cf : !transform.any_op
+    transform.foreach %cf : !transform.any_op {
+    ^bb0(%f: !transform.any_op):
+      transform.apply_cse to %f : !transform.any_op
+    }
     transform.apply_patterns to %cf {
       transform.apply_patterns.vector.sink_ops
     } : !transform.any_op
-    %cloops = transform.structured.match ops{["scf.for"]} in %cf : (!transform.any_op) -> !transform.any_op
+    %cloops = transform.structured.match ops{["scf.for"]} in %root : (!transform.any_op) -> !transform.any_op
     transform.foreach %cloops : !transform.any_op {
     ^bb0(%l: !transform.any_op):
       transform.apply_licm to %l : !transform.any_op
@@ -147,4 +149,7 @@ VECTOR_CLEANUP = """    %cf = transform.structured.match ops{["func.func"]} attr
     transform.apply_patterns to %cf {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    transform.apply_cse to %cf : !transform.any_op"""
+    transform.foreach %cf : !transform.any_op {
+    ^bb0(%f: !transform.any_op):
+      transform.apply_cse to %f : !transform.any_op
+    }"""

@@ -196,10 +196,13 @@ def _inside_gemm_nests(what: str, name: str) -> str:
 # (packing) and broadcasts, each group in its own apply_patterns (trap 7). Unit-dim folding rebuilds
 # generics without their tags, so it runs after every other kernel's sequence (``order``).
 GEMM_CLEANUP = "\n".join([
-    f'    %gf = transform.structured.match ops{{["func.func"]}} attributes {{llvm.emit_c_interface}} in %root : ({ANY}) -> {ANY}',
+    f'    %gf = transform.structured.match ops{{["func.func"]}} attributes {{neuron.code}} in %root : ({ANY}) -> {ANY}',
     f"    transform.apply_patterns to %gf {{ transform.apply_patterns.canonicalization }} : {ANY}",
-    f"    transform.apply_dce to %gf : {ANY}",
-    f"    transform.apply_cse to %gf : {ANY}",
+    f"    transform.foreach %gf : {ANY} {{",
+    f"    ^bb0(%gfn: {ANY}):",
+    f"      transform.apply_dce to %gfn : {ANY}",
+    f"      transform.apply_cse to %gfn : {ANY}",
+    "    }",
     _inside_gemm_nests('ops{["linalg.fill"]}', "gfills"),
     f"    %ggen = transform.structured.generalize %gfills : ({ANY}) -> {ANY}",
     f'    %gnests = transform.structured.match ops{{["scf.forall"]}} attributes {{neuron.gemm = 1 : i64}} in %root : ({ANY}) -> {ANY}',

@@ -148,7 +148,7 @@ class _VectorStrategy:
     def transform(self, k: KernelInfo, s: Schedule) -> str:
         w = SequenceWriter()
         op = w.match_kernel(k.id)
-        scope = w.kernel_func()
+        scope = w.kernel_func(op)
         fills = w.init_producers(op, len(k.inputs), k.fill_inits)
         forall = list(s.params["forall"])
         if any(forall):
