@@ -45,3 +45,25 @@ def test_objects_are_split_by_function(tmp_path, monkeypatch):
 def test_negative_compile_jobs_is_refused():
     with pytest.raises(NeuronCompileError, match="compile_jobs"):
         resolve_config({"compile_jobs": -1}, environ={})
+
+
+def test_the_graph_functions_loops_are_extracted_and_stay_out_of_line(tmp_path):
+    """Big modules: each top-level loop becomes a ``noinline`` function (``opt -O3`` on one function
+    holding every kernel was quadratic), and ``-O3`` does not inline them back."""
+    import re
+    import subprocess
+
+    from neuron_compile.target import _extract_loops
+    from neuron_compile.toolchain import tool
+    loop = ("  br label %h{i}\nh{i}:\n  %i{i} = phi i64 [0, %b{i}], [%n{i}, %h{i}]\n"
+            "  %p{i} = getelementptr float, ptr %a, i64 %i{i}\n  store float 1.0, ptr %p{i}\n"
+            "  %n{i} = add i64 %i{i}, 1\n  %c{i} = icmp ult i64 %n{i}, 100\n  br i1 %c{i}, label %h{i}, label %b{j}\n"
+            "b{j}:\n")
+    body = "".join(loop.format(i=i, j=i + 1) for i in range(3))
+    ll = tmp_path / "kernel.ll"
+    ll.write_text(f"define void @neuron_kernel(ptr %a) {{\nb0:\n{body}  ret void\n}}\n")
+    out = _extract_loops(ll, tmp_path, 120)
+    text = out.read_text()
+    assert len(re.findall(r"^define internal .* noinline", text, re.M)) == 3
+    opt = subprocess.run([tool("opt"), "-O3", "-S", str(out)], capture_output=True, text=True, check=True).stdout
+    assert len(re.findall(r"^define ", opt, re.M)) == 4
