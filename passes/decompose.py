@@ -77,7 +77,7 @@ def _native_dropout(input: torch.Tensor, p: float, train: bool | None):
 def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
                              attn_mask=None, scale=None):
     """Gradients of scaled dot-product attention from the saved output, as matmuls and pointwise ops
-    (the FlashAttention backward, Dao et al. 2022, Alg. 2): P = softmax(S), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - rowsum(dO ∘ O)), dQ = dS K·s, dK = dSᵀ Q·s."""
+    (the FlashAttention backward, Dao et al. 2022, Alg. 2): P = safe_softmax(S), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - rowsum(dO ∘ O)), dQ = dS K·s, dK = dSᵀ Q·s."""
     if dropout_p != 0 or query.shape[1] % key.shape[1]:
         return NotImplemented
     groups = query.shape[1] // key.shape[1]  # grouped-query attention: kv heads shared by `groups` q heads
@@ -94,8 +94,9 @@ def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropou
         scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
             else scores + attn_mask
     # the softmax is recomputed from the scores rather than from the saved `logsumexp`, whose layout
-    # differs between the fused kernel and its decomposition
-    p = torch.softmax(scores, dim=-1)
+    # differs between the fused kernel and its decomposition; a fully masked row (all -inf) has
+    # P = 0, as in the forward (`_safe_softmax`) and ATen's kernel, not NaN (exp(-inf - -inf))
+    p = aten._safe_softmax.default(scores, -1)
     grad_v = p.transpose(-2, -1) @ grad_out
     grad_p = grad_out @ value.transpose(-2, -1)
     grad_s = p * (grad_p - (grad_out * out).sum(-1, keepdim=True))

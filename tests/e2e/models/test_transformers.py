@@ -69,3 +69,25 @@ def test_training_step_matches_eager(name):
         torch.optim.AdamW(opt_model.parameters(), lr=1e-3).step()
     for (pname, p), q in zip(ours.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5, msg=lambda m, pname=pname: f"{pname}: {m}")
+
+
+def test_left_padded_batch_trains_with_finite_gradients():
+    """Left padding (a tiny Mistral, SDPA attention): the padded query rows attend to no key; the
+    embedding gradient was NaN (issue 13, item 2) where eager's is finite."""
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=100, max_position_embeddings=64,
+                                     attn_implementation="sdpa")
+    model = transformers.MistralForCausalLM(cfg)
+    ref = copy.deepcopy(model)
+    ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :3] = 0
+
+    def loss(m):
+        return lambda i, a: m(input_ids=i, attention_mask=a, labels=i).loss
+    torch.compile(loss(model), backend="neuron", dynamic=False)(ids, mask).backward()
+    loss(ref)(ids, mask).backward()
+    got, want = model.model.embed_tokens.weight.grad, ref.model.embed_tokens.weight.grad
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-5)
