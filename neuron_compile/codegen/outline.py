@@ -180,8 +180,11 @@ def _outline(body: list[str], groups: Sequence[Sequence[int]], args: dict[str, s
              ) -> tuple[list[str], list[str]]:
     stmts = _statements(body)
     defined = {d: i for i, s in enumerate(stmts) for d in s.defs}
+    last_use: dict[str, int] = {}
     for i, s in enumerate(stmts):
         s.uses = {n for n in _NAME.findall(_STRING.sub('""', s.text)) if (n in defined and defined[n] != i) or n in args}
+        for n in s.uses:
+            last_use[n] = i
     # statement ranges per group, merged where they overlap; each extends back to the previous end
     spans = []
     for g in groups:
@@ -203,7 +206,6 @@ def _outline(body: list[str], groups: Sequence[Sequence[int]], args: dict[str, s
     for _, b, key in merged:
         seg = list(range(start, b + 1))
         inside = {d for i in seg for d in stmts[i].defs}
-        later_uses = {n for s in stmts[b + 1:] for n in s.uses}
         # values read from outside: pure init ops (empty, constant, fill) are cloned in so each
         # kernel's schedule finds its fills in its own function; the rest become arguments
         cloned: list[int] = []
@@ -220,7 +222,7 @@ def _outline(body: list[str], groups: Sequence[Sequence[int]], args: dict[str, s
             elif n not in inside and n not in ins:
                 ins.append(n)
         ins = [n for n in ins if n not in inside]
-        outs = [d for i in seg for d in stmts[i].defs if d in later_uses]
+        outs = [d for i in seg for d in stmts[i].defs if last_use.get(d, -1) > b]
         in_types = [args[n] if n in args else _result_types(stmts[defined[n]])[stmts[defined[n]].defs.index(n)]
                     for n in ins]
         out_types = [_result_types(stmts[defined[n]])[stmts[defined[n]].defs.index(n)] for n in outs]
