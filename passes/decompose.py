@@ -22,7 +22,6 @@ aten = torch.ops.aten
 # Reference decompositions from torch._decomp that are not in the core table.
 EXTRA_REFERENCE: dict[object, str] = {
     aten.native_layer_norm: "var_mean + rsqrt + affine: elementwise and reductions we already lower",
-    aten._softmax: "amax, sub, exp, sum, div: numerically stable form (torch._decomp)",
     aten._log_softmax: "amax, sub, exp, sum, log, sub (torch._decomp)",
     aten.addcmul: "mul + add",
     aten.addcdiv: "div + mul + add",
@@ -72,6 +71,25 @@ def _native_dropout(input: torch.Tensor, p: float, train: bool | None):
         return torch.zeros_like(input), torch.zeros_like(input, dtype=torch.bool)
     noise = torch.bernoulli(torch.empty_like(input), 1 - p)
     return input * noise * (1.0 / (1 - p)), noise.to(torch.bool)
+
+
+def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    """``softmax`` as ATen's CPU kernel computes it (``SoftMaxKernel.cpp``): e = exp(x - amax(x)),
+    then along the last dim ``e * (1 / sum(e))`` (``_vec_softmax_lastdim``), along any other dim
+    ``e / sum(e)`` (``_vec_softmax``). torch._decomp divides everywhere: one division per element
+    instead of one per row, and one rounding away from eager's results.
+
+    Shapes and dtypes as ``aten._softmax``: any float ``x``, ``dim`` normalized here; with
+    ``half_to_float`` a float16 ``x`` gives a float32 result (computed in float32 either way)."""
+    dim = dim % max(x.dim(), 1)
+    out_dtype = torch.float32 if half_to_float else x.dtype
+    if x.numel() == 0:  # amax has no identity to reduce an empty dim with; nothing to compute
+        return torch.empty_like(x, dtype=out_dtype, memory_format=torch.contiguous_format)
+    x = x.contiguous().to(torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
+    e = torch.exp(x - torch.amax(x, dim, keepdim=True))
+    total = torch.sum(e, dim, keepdim=True)
+    y = e * torch.reciprocal(total) if dim == max(x.dim() - 1, 0) else e / total
+    return y.to(out_dtype)
 
 
 def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
@@ -315,6 +333,7 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.replication_pad1d_backward.default: (separable.replication_pad_backward(1), "one-hot clamp matrix, transposed"),
     aten.replication_pad2d_backward.default: (separable.replication_pad_backward(2), "one-hot clamp matrix, transposed"),
     aten.replication_pad3d_backward.default: (separable.replication_pad_backward(3), "one-hot clamp matrix, transposed"),
+    aten._softmax.default: (_softmax, "amax, sub, exp, sum, then times 1/sum along the last dim as ATen's CPU kernel"),
     aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
         _sdpa_flash_cpu_backward, "FlashAttention backward as matmuls (the forward is in the core table)"),
