@@ -184,6 +184,14 @@ class ScalarBuilder:
     def minimum(self, a: Scalar, b: Scalar) -> Scalar:
         return self._bin("arith.minimumf", "arith.minsi", a, b, uop="arith.minui")
 
+    def clamp_const(self, a: Scalar, lo: float, hi: float) -> Scalar:
+        """``a`` clamped to the constants [lo, hi] with NaN passed through, for the range
+        reduction of inline math: ``select(a < lo, lo, a)`` is one ``vmaxps`` (x86 returns the
+        second operand when either is NaN), where ``arith.maximumf`` (NaN-propagating, -0 < +0 as
+        ``torch.maximum``) lowers to a compare, an unordered compare, an or and a blend."""
+        a = self.select(self.cmp("lt", a, self.const(lo, a.dtype)), self.const(lo, a.dtype), a)
+        return self.select(self.cmp("gt", a, self.const(hi, a.dtype)), self.const(hi, a.dtype), a)
+
     def abs(self, a: Scalar) -> Scalar:
         if a.dtype.is_floating_point:
             return self.unary("math.absf", a)
@@ -357,8 +365,7 @@ class ScalarBuilder:
             return self.unary("math.tanh", a)
         with self._exact():
             f32 = torch.float32
-            x = self.minimum(self.maximum(a, self.const(-7.90531110763549805, f32)),
-                             self.const(7.90531110763549805, f32))
+            x = self.clamp_const(a, -7.90531110763549805, 7.90531110763549805)
             x2 = self.mul(x, x)
             p = self.const(-2.76076847742355e-16, f32)
             for c in (2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08, 1.48572235717979e-05,
@@ -383,7 +390,7 @@ class ScalarBuilder:
             return self.unary("math.erf", a)
         with self._exact():
             f32 = torch.float32
-            x = self.minimum(self.maximum(a, self.const(-4.0, f32)), self.const(4.0, f32))
+            x = self.clamp_const(a, -4.0, 4.0)
             x2 = self.mul(x, x)
             p = self.const(-2.72614225801306e-10, f32)
             for c in (2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
