@@ -77,7 +77,9 @@ def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
     """``softmax`` as ATen's CPU kernel computes it (``SoftMaxKernel.cpp``): e = exp(x - amax(x)),
     then along the last dim ``e * (1 / sum(e))`` (``_vec_softmax_lastdim``), along any other dim
     ``e / sum(e)`` (``_vec_softmax``). torch._decomp divides everywhere: one division per element
-    instead of one per row, and one rounding away from eager's results.
+    instead of one per row, and one rounding away from eager's results. The reciprocal is safe
+    here: the row's maximum contributes exp(0) = 1, so sum(e) >= 1 (or NaN) and 1/sum is a normal
+    number; a general row divisor could be subnormal (1/d overflows) and keeps its division.
 
     Shapes and dtypes as ``aten._softmax``: any float ``x``, ``dim`` normalized here; with
     ``half_to_float`` a float16 ``x`` gives a float32 result (computed in float32 either way)."""
