@@ -199,6 +199,8 @@ class LoweringContext:
         ins = [self.materialize(v) for v in ins]
         if numel(inits[0].shape) == 0:
             return list(inits)
+        ins, in_maps = zip(*[self._drop_broadcast_units(v, m, len(iterators)) for v, m in zip(ins, in_maps)]) \
+            if ins else ((), ())
         self.body.used_as_init(*inits)
         args = [Scalar(self.body.namer("a"), v.dtype) for v in ins]
         accs = [Scalar(self.body.namer("a"), v.dtype) for v in inits]
@@ -341,6 +343,31 @@ class LoweringContext:
         if keepdim:
             return self.reshape(red, tuple(1 if i in dims else v.shape[i] for i in range(v.rank)))
         return red
+
+    def _drop_broadcast_units(self, v: TensorValue, in_map: str, rank: int) -> tuple[TensorValue, str]:
+        """An input read at a constant 0 in a unit dim (a ``[B, 1]`` graph input broadcast along a
+        row, ``(d0, 0)``) as the collapsed ``[B]`` read at ``(d0)``: the linalg vectorizer fails
+        on a reduction whose input map has a constant ("Attempted to vectorize, but failed"), so
+        such a kernel stayed scalar loops (LayerNorm's backward sums over the saved mean/rstd)."""
+        exprs = parse_map_results(in_map)
+        drop = [i for i, e in enumerate(exprs) if e == "0" and v.shape[i] == 1]
+        if not drop or len(exprs) != v.rank:
+            return v, in_map
+        keep = [i for i in range(v.rank) if i not in drop]
+        groups: list[list[int]] = []
+        pending: list[int] = []
+        for i in range(v.rank):  # a dropped dim joins the next kept dim, trailing ones the last
+            pending.append(i)
+            if i in keep:
+                groups.append(pending)
+                pending = []
+        if groups:
+            groups[-1].extend(pending)
+        shape = tuple(v.shape[k] for k in keep)
+        assoc = "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]" if groups else "[]"
+        out = self.emit(f"tensor.collapse_shape {v.name} {assoc} : {v.type} into {tensor_type(shape, v.dtype)}",
+                        shape, v.dtype)
+        return out, affine_map(rank, [exprs[k] for k in keep])
 
     # -- shape ops -------------------------------------------------------------------------------
     def reshape(self, v: TensorValue, shape: Sequence[int]) -> TensorValue:
