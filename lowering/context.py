@@ -82,6 +82,10 @@ class FunctionBody:
     profile: bool = False
     fills: set[str] = field(default_factory=set)  # tensors produced by linalg.fill (a kernel's init)
     unit_views: dict[str, tuple[TensorValue, tuple[str, ...]]] = field(default_factory=dict)  # see reshape()
+    # a value that is a collapse_shape of a value computed in its expanded form (a GEMM's C4): a
+    # graph output is then materialized as that value into the output memref's expand_shape, so
+    # eliminate-empty-tensors (which follows same-type values only) writes it in place
+    collapsed_views: dict[str, tuple[TensorValue, list[list[int]]]] = field(default_factory=dict)
     init_uses: dict[str, int] = field(default_factory=dict)  # value → times used as a destination (outs)
     target: TargetInfo | None = None  # for strategies that shape the payload (matmul)
     overrides: dict[str, Schedule] = field(default_factory=dict)  # parsed NEURON_SCHEDULE

@@ -109,7 +109,11 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
     if init is not None:  # a full initial C (baddbmm-style): computed into C before the regions
         c = init
         ctx.body.used_as_init(init)
-    for r in regions(m, n, params):
+    regs = regions(m, n, params)
+    # one region covering C and no initial C: C is created in its 4-D register-tile view, so a
+    # graph output can be written in place (FunctionBody.collapsed_views)
+    whole = len(regs) == 1 and init is None and (regs[0].m1 * regs[0].mr, regs[0].n1 * regs[0].nr) == (m, n)
+    for r in regs:
         rows, cols = r.m1 * r.mr, r.n1 * r.nr
         if r.a_packed:
             a_op, a_map = packed_a, bd + ["m1", "k", "m0"]
@@ -131,7 +135,7 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
         c_off, c2, c4 = zero_b + [r.mlo, r.nlo], bp + [rows, cols], bp + [r.m1, r.mr, r.n1, r.nr]
         c4_groups = keep_b + [[nb, nb + 1], [nb + 2, nb + 3]]
         region_c = w.slice(c, c_off, c2)
-        view = w.expand(region_c, c4_groups, c4)
+        view = w.line(f"tensor.empty() : {w.ty(c4)}", c4) if whole else w.expand(region_c, c4_groups, c4)
         c_map = bd + ["m1", "m0", "n1", "n0"]
         if bias is not None:
             bv = w.expand(w.slice(bias, [r.nlo], [cols]), [[0, 1]], [r.n1, r.nr])
@@ -161,6 +165,8 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
                       f"      %s = arith.addf %acc, %p fastmath<reassoc,contract> : {et}\n"
                       f"      linalg.yield %s : {et}\n    }} -> {acc0.type}", c4)
         flat = w.collapse(prod, c4_groups, c2)
+        if whole and flat is not prod:
+            ctx.body.collapsed_views[flat.name] = (prod, c4_groups)
         if region_c is c:
             c = flat
         else:
