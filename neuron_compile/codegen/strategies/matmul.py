@@ -112,7 +112,7 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     q.update(pack_a=pack_a, pack_b=True, fuse_pack_b=small_m)
     if not small_m:
         q["MC"] = even_block(p.m, q["MC"], q["MR"])
-    if small_m:
+    else:
         # one M block (B packed once per k-block), or two when N alone cannot be split evenly
         # (256^3 at 2 threads: 59% of torch.mm in one M block, 78% in two); the N block width
         # that splits best between 2 threads, then 4 (NC/NR >= 12, see ISA_TABLE); the table's
@@ -145,8 +145,9 @@ def _block_sizes(n: int, block: int) -> list[int]:
 def static_balance(m_blocks: Sequence[int], n_blocks: Sequence[int], threads: Sequence[int]) -> float:
     """How evenly a static split of the forall's M×N blocks (row-major, the sizes given per dim)
     loads ``threads`` threads: useful work over threads × the busiest thread's work, averaged
-    over the thread counts (the plan ranks 2 threads first, then 4). Blocks go to threads as OpenMP's static schedule gives them (equal
-    runs of consecutive blocks, the first ``b mod t`` threads one more). N = 512 in 192-wide blocks
+    over the thread counts (the plan ranks 2 threads first, then 4). Blocks go to threads as
+    OpenMP's static schedule gives them (equal runs of consecutive blocks, the first ``b mod t``
+    threads one more). N = 512 in 192-wide blocks
     (192, 192, 128) is 0.67 at 2 threads (measured 1.34x from 1 to 2 threads for the MLP's second
     Linear); in 256-wide blocks it is 1.0 (1.9x)."""
     work = [mb * nb for mb in m_blocks for nb in n_blocks]
