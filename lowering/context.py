@@ -20,7 +20,8 @@ from neuron_compile.codegen.strategy import Schedule, TargetInfo
 from neuron_compile.codegen.kernels import Operand as KernelOperand
 from neuron_compile.lowering.lazy import LazyTensor, Leaf, pointwise
 from neuron_compile.lowering.locations import op_name
-from neuron_compile.lowering.ir import Namer, Scalar, TensorValue, affine_map, numel, storage_type, tensor_type
+from neuron_compile.lowering.ir import (Namer, Scalar, TensorValue, affine_map, numel, reassociation, storage_type,
+                                        tensor_type)
 from neuron_compile.lowering.scalar import ScalarBuilder
 from neuron_compile.errors import LoweringError, RuleDeclined
 
@@ -368,8 +369,7 @@ class LoweringContext:
         if groups:
             groups[-1].extend(pending)
         shape = tuple(v.shape[k] for k in keep)
-        assoc = "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]" if groups else "[]"
-        out = self.emit(f"tensor.collapse_shape {v.name} {assoc} : {v.type} into {tensor_type(shape, v.dtype)}",
+        out = self.emit(f"tensor.collapse_shape {v.name} {reassociation(groups)} : {v.type} into {tensor_type(shape, v.dtype)}",
                         shape, v.dtype)
         return out, affine_map(rank, [exprs[k] for k in keep])
 

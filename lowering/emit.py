@@ -26,8 +26,8 @@ from neuron_compile.errors import (DynamicShapeError, LoweringError, NeuronCompi
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import Schedule, TargetInfo
 from neuron_compile.lowering.context import PROFILE_TICK, FunctionBody, LoweringContext
-from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, supported_dtype, tensor_bytes,
-                                       tensor_type)
+from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, reassociation, supported_dtype,
+                                       tensor_bytes, tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import fusion_kind, get_lowering, rule_file_for
@@ -214,8 +214,7 @@ def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: 
     full, groups = src
     mt4 = memref_type(full.shape, full.dtype, contiguous_strides(full.shape))
     view = body.namer("out")
-    assoc = "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
-    return [f"    {view} = memref.expand_shape {dest} {assoc} output_shape [{', '.join(map(str, full.shape))}] "
+    return [f"    {view} = memref.expand_shape {dest} {reassociation(groups)} output_shape [{', '.join(map(str, full.shape))}] "
             f": {mt} into {mt4}",
             f"    bufferization.materialize_in_destination {full.name} in restrict writable "
             f"{view} : ({full.type}, {mt4}) -> ()"]

@@ -18,7 +18,7 @@ import torch
 
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategies.matmul import GemmProblem, regions
-from neuron_compile.lowering.ir import TensorValue, storage_type, tensor_type
+from neuron_compile.lowering.ir import TensorValue, reassociation, storage_type, tensor_type
 
 
 class _Writer:
@@ -45,13 +45,13 @@ class _Writer:
     def expand(self, v: TensorValue, groups: Sequence[Sequence[int]], shape: Sequence[int]) -> TensorValue:
         if tuple(shape) == v.shape:
             return v
-        return self.line(f"tensor.expand_shape {v.name} {_groups(groups)} output_shape [{_j(shape)}] : {v.type} "
+        return self.line(f"tensor.expand_shape {v.name} {reassociation(groups)} output_shape [{_j(shape)}] : {v.type} "
                          f"into {self.ty(shape)}", shape)
 
     def collapse(self, v: TensorValue, groups: Sequence[Sequence[int]], shape: Sequence[int]) -> TensorValue:
         if tuple(shape) == v.shape:
             return v
-        return self.line(f"tensor.collapse_shape {v.name} {_groups(groups)} : {v.type} into {self.ty(shape)}", shape)
+        return self.line(f"tensor.collapse_shape {v.name} {reassociation(groups)} : {v.type} into {self.ty(shape)}", shape)
 
     def pack(self, src: TensorValue, part: str, outer_perm: Sequence[int] | None, inner_pos: int, tile: int,
              shape: Sequence[int]) -> TensorValue:
@@ -183,10 +183,6 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
 
 def _j(xs: Sequence[Any]) -> str:
     return ", ".join(map(str, xs))
-
-
-def _groups(groups: Sequence[Sequence[int]]) -> str:
-    return "[" + ", ".join("[" + _j(g) + "]" for g in groups) + "]"
 
 
 def _its(its: Sequence[str]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -82,6 +83,11 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 
 def numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def reassociation(groups: Sequence[Sequence[int]]) -> str:
+    """A reshape's reassociation attribute, ``[[0, 1], [2]]`` (``[]`` for none)."""
+    return "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
 
 
 def affine_map(rank: int, results: list[str]) -> str:
