@@ -122,6 +122,20 @@ def test_schedules_are_recorded_in_the_dump(tmp_path):
     assert list(tmp_path.glob("*/*.schedule.mlir"))
 
 
+def test_horizontal_sums_are_trees_not_serial_chains(tmp_path):
+    """A row reduction's partial accumulators end in one ``llvm.vector.reduce.fadd`` per row. Without
+    ``reassoc`` LLVM must add the lanes in order: 64 dependent scalar adds per row with AVX-512,
+    more than the row's vector loop (layer_norm 4096x1024). The combiner is already reassociated
+    into partial sums, so the tree is the same license and no less accurate."""
+    x = torch.randn(67, 1001)  # a shape no other test compiles (the in-memory cache would skip the dump)
+    fn = lambda t: t.sum(-1) * 2  # noqa: E731
+    out = neuron_compile(fn, options={"dump_dir": str(tmp_path), "cache": False})(x)
+    _close_to_reference(out, fn, (x,))
+    llvm_ir = "".join(p.read_text() for p in tmp_path.glob("*/*.obj.ll"))
+    calls = [line for line in llvm_ir.splitlines() if "call" in line and "llvm.vector.reduce.fadd" in line]
+    assert calls and all(" reassoc " in line for line in calls), calls
+
+
 FUSED = {
     "softmax": (lambda x: x.softmax(-1), (torch.randn(96, 1000),)),
     "log-softmax-vocab": (lambda x: torch.log_softmax(x, -1), (torch.randn(6, 3001),)),
