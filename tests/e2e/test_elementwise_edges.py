@@ -49,16 +49,22 @@ def test_elementwise_functions_match_eager_at_range_edges(dtype):
         return tuple(f(t) for f in FUNCTIONS.values())
     got = neuron_compile(every)(x)
     want = every(x)
+    # eager's own vectorized kernels differ between CPUs at the edges (its AVX-512 float32 GELU
+    # returns NaN at +inf, its AVX2 one inf): a float32 value may instead match eager in float64
+    want64 = every(x.double()) if dtype == torch.float32 else want
     wrong = []
     fi = torch.finfo(dtype)
     subnormal_ulp = fi.smallest_normal * fi.eps   # the spacing of subnormals
-    for name, g, w in zip(FUNCTIONS, got, want):
+    for name, g, w, w64 in zip(FUNCTIONS, got, want, want64):
         # the same infinities and NaNs, finite values within rtol of eager, subnormals within 8 ulps;
         # in x·g(x) forms a subnormal g(x) carries its few ulps of error into the product times |x|
         # (f64 mish(-718.4): ours -7.2571110854217e-310, exact -7.2571110854210e-310, eager ...386e-310)
         atol = 8 * subnormal_ulp * (x.abs().clamp(1, 1e6) if name in X_TIMES else 1)
         close = (g - w).abs() <= atol + (1e-5 if dtype == torch.float32 else 1e-12) * w.abs()
         close |= (g == w) | (g.isnan() & w.isnan())
+        if dtype == torch.float32:
+            w64 = w64.to(dtype)
+            close |= (g == w64) | (g.isnan() & w64.isnan()) | ((g - w64).abs() <= atol + 1e-5 * w64.abs())
         if not bool(close.all()):
             bad = (~close).nonzero().flatten().tolist()
             wrong.append(f"{name}: at x={[x[i].item() for i in bad]} got {[g[i].item() for i in bad]}, "
