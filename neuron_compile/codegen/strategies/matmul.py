@@ -43,10 +43,12 @@ from neuron_compile.codegen.transform import ANY, SequenceWriter
 # panel loop is fully unrolled by opt and llc's schedulers then take seconds on the block.
 ISA_TABLE: dict[str, dict[str, Any]] = {
     # Zen 1 / Haswell: 16 ymm; 6x16 = 12 accumulators + 2 B vectors + 1 broadcast. Measured.
-    "avx2": dict(VL=8, MR=6, NR=16, MC=96, NC=256, KC=256, MR_alt=(6, 4), MC_small=256),
+    # FMA_CHAINS: independent accumulators that hide the FMA latency (latency x FMA ports: 5 x 2 on
+    # Haswell and Zen 2+, so a 4x16 tile's 8 run at 80%; Zen 1's one 256-bit FMA per cycle needs 5).
+    "avx2": dict(VL=8, MR=6, NR=16, MC=96, NC=256, KC=256, MR_alt=(6, 4), MC_small=256, FMA_CHAINS=10),
     # Zen 4 / Skylake-X: 32 zmm; 8x32 = 16 accumulators (toolchain.md measured MKL parity on Zen 4).
-    # Compile-checked (16 vfmadd231ps zmm per k step, no spills), not timed on this hardware.
-    "avx512": dict(VL=16, MR=8, NR=32, MC=96, NC=384, KC=128, MR_alt=(8, 12, 4), MC_small=256),
+    # FMA_CHAINS: latency 4 x 2 ports (Skylake-X, Sapphire Rapids).
+    "avx512": dict(VL=16, MR=8, NR=32, MC=96, NC=384, KC=128, MR_alt=(8, 12, 4), MC_small=256, FMA_CHAINS=8),
 }
 MIN_WORK = 16 * 16 * 16  # smaller matmuls (the unrolled linear algebra's) stay plain loops
 
@@ -97,35 +99,63 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     t = ISA_TABLE[target.isa]
     wide = p.dtype == "float64"
     vl = t["VL"] // (2 if wide else 1)
-    mr = next((c for c in t["MR_alt"] if p.m % c == 0), t["MR"])
+    mr = register_rows(p.m, t)
     q: dict[str, Any] = dict(VL=vl, MR=mr, NR=t["NR"] // (2 if wide else 1), MC=t["MC"], NC=t["NC"], KC=t["KC"])
-    # A is streamed unpacked when K is its unit-stride dim (MR row streams); else every k step
-    # would touch a new line (0.66x): pack it. Eight or more unpacked rows 4 KB apart alias one
-    # L1 set, so those are packed too.
-    pack_a = not p.a_k_contiguous or (q["MR"] >= 8 and (p.k * (8 if wide else 4)) % 4096 == 0)
     if p.m <= 3 and p.b_n_contiguous and not p.batch:
         # GEMV-like: nothing reuses a packed B (the pack would double the traffic); MR = M and a
         # wide NR for enough independent accumulators
         q.update(MR=p.m, NR=(8 if p.m == 1 else 4) * vl, pack_a=False, pack_b=False, fuse_pack_b=False, MC=p.m)
         return _finish(q, p, overrides)
     small_m = p.m <= t["MC_small"]
-    q.update(pack_a=pack_a, pack_b=True, fuse_pack_b=small_m)
-    if not small_m:
-        q["MC"] = even_block(p.m, q["MC"], q["MR"])
-    else:
+    q.update(pack_b=True, fuse_pack_b=small_m)
+    if not small_m:   # blocks of the full-tile rows (the M edge is its own region)
+        q["MC"] = even_block(p.m - p.m % q["MR"], q["MC"], q["MR"])
+    elif not p.batch:
         # one M block (B packed once per k-block), or two when N alone cannot be split evenly
-        # (256^3 at 2 threads: 59% of torch.mm in one M block, 78% in two); the N block width
-        # that splits best between 2 threads, then 4 (NC/NR >= 12, see ISA_TABLE); the table's
-        # width on a tie
-        mcs = [p.m] + ([p.m // 2] if p.m % (2 * q["MR"]) == 0 and p.m >= 8 * q["MR"] else [])
-        cands = [(mc, nc) for mc in mcs for nc in range(q["NC"], 12 * q["NR"] - 1, -q["NR"])]
-        def score(c: tuple[int, int]) -> tuple:
-            mb, nb = _block_sizes(p.m, c[0]), _block_sizes(p.n, c[1])
-            return (round(static_balance(mb, nb, (2,)), 2), c[0] == p.m, round(static_balance(mb, nb, (4,)), 2))
-        q["MC"], q["NC"] = max(cands, key=score)
+        # (256^3 at 2 threads: 59% of torch.mm in one M block, 78% in two; halves only where MR
+        # divides M: 126-row halves of 256 with a 4-row edge measured 71% at 1 thread); ranked by
+        # the split at 2 threads, then the register tile (tile_time: at 2 threads a balanced
+        # split on 4x16 tiles beats an unbalanced one on 6x16), one M block, the split at 4
+        # threads; N blocks keep NC/NR >= 12 (see ISA_TABLE); the table's width on a tie
+        cands = [(mr, mc, nc) for mr in t["MR_alt"]
+                 for mc in [p.m] + ([p.m // 2] if p.m % (2 * mr) == 0 and p.m >= 8 * mr else [])
+                 for nc in range(q["NC"], 12 * q["NR"] - 1, -q["NR"])]
+        def score(c: tuple[int, int, int]) -> tuple:
+            mb, nb = _block_sizes(p.m, c[1]), _block_sizes(p.n, c[2])
+            return (round(static_balance(mb, nb, (2,)), 2), -round(tile_time(p.m, c[0], t), 1), c[1] == p.m,
+                    round(static_balance(mb, nb, (4,)), 2))
+        q["MR"], q["MC"], q["NC"] = max(cands, key=score)
+    # A is streamed unpacked when K is its unit-stride dim (MR row streams); else every k step
+    # would touch a new line (0.66x): pack it. Eight or more unpacked rows 4 KB apart alias one
+    # L1 set, so those are packed too.
+    q["pack_a"] = not p.a_k_contiguous or (q["MR"] >= 8 and (p.k * (8 if wide else 4)) % 4096 == 0)
     if p.batch:  # one block per matrix: the batch is the forall
-        q.update(MC=p.m, NC=max(p.n, q["NR"]), pack_a=pack_a, fuse_pack_b=True)
+        q.update(MC=p.m, NC=max(p.n, q["NR"]), fuse_pack_b=True)
     return _finish(q, p, overrides)
+
+
+def register_rows(m: int, t: Mapping[str, Any]) -> int:
+    """MR, the register tile's rows, from the ISA row ``t``: the ``MR_alt`` candidate of least
+    :func:`tile_time`, then with no M edge, then first in the table. Choosing the candidate that
+    divides M (the rule until 2026-12) put 512 and 1024 on 4×16 tiles, whose 8 accumulators cap
+    Zen 2 at 80% of its FMA rate: 1024³ measured 104% of torch.mm with MR = 4 and 126% with
+    MR = 6 (one thread; 512³ 96% → 112%, 256³ 84% → 97%)."""
+    return min(t["MR_alt"], key=lambda r: (tile_time(m, r, t), m % r != 0, t["MR_alt"].index(r)))
+
+
+def tile_time(m: int, r: int, t: Mapping[str, Any]) -> float:
+    """Modelled time of M rows in register tiles of ``r`` rows (units: rows at the FMA peak).
+
+    A tile of ``r`` rows keeps ``r·NR/VL`` accumulators in flight and runs at
+    ``min(1, that / FMA_CHAINS)`` of the peak; the ``e = M mod r`` rows left over form an edge
+    region with a tile of ``e`` rows (all of M when ``r > M``): ``(M - e)/speed(r) + e/speed(e)``.
+    """
+    lanes = t["NR"] // t["VL"]
+
+    def speed(rows: int) -> float:
+        return min(1.0, rows * lanes / t["FMA_CHAINS"])
+    e = m % r
+    return (m - e) / speed(r) + (e / speed(e) if e else 0.0)
 
 
 def even_block(m: int, mc: int, mr: int) -> int:
