@@ -99,7 +99,7 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     t = ISA_TABLE[target.isa]
     wide = p.dtype == "float64"
     vl = t["VL"] // (2 if wide else 1)
-    mr = register_rows(p.m, t)
+    mr = register_rows(p.m, t, small=p.m <= t["MC_small"])
     q: dict[str, Any] = dict(VL=vl, MR=mr, NR=t["NR"] // (2 if wide else 1), MC=t["MC"], NC=t["NC"], KC=t["KC"])
     if p.m <= 3 and p.b_n_contiguous and not p.batch:
         # GEMV-like: nothing reuses a packed B (the pack would double the traffic); MR = M and a
@@ -113,11 +113,12 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     elif not p.batch:
         # one M block (B packed once per k-block), or two when N alone cannot be split evenly
         # (256^3 at 2 threads: 59% of torch.mm in one M block, 78% in two; halves only where MR
-        # divides M: 126-row halves of 256 with a 4-row edge measured 71% at 1 thread); ranked by
+        # divides M: 126-row halves of 256 with a 4-row edge measured 71% at 1 thread); register
+        # tiles that divide M if any (see register_rows); ranked by
         # the split at 2 threads, then the register tile (tile_time: at 2 threads a balanced
         # split on 4x16 tiles beats an unbalanced one on 6x16), one M block, the split at 4
         # threads; N blocks keep NC/NR >= 12 (see ISA_TABLE); the table's width on a tie
-        cands = [(mr, mc, nc) for mr in t["MR_alt"]
+        cands = [(mr, mc, nc) for mr in ([r for r in t["MR_alt"] if p.m % r == 0] or t["MR_alt"])
                  for mc in [p.m] + ([p.m // 2] if p.m % (2 * mr) == 0 and p.m >= 8 * mr else [])
                  for nc in range(q["NC"], 12 * q["NR"] - 1, -q["NR"])]
         def score(c: tuple[int, int, int]) -> tuple:
@@ -134,13 +135,20 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     return _finish(q, p, overrides)
 
 
-def register_rows(m: int, t: Mapping[str, Any]) -> int:
+def register_rows(m: int, t: Mapping[str, Any], small: bool = False) -> int:
     """MR, the register tile's rows, from the ISA row ``t``: the ``MR_alt`` candidate of least
     :func:`tile_time`, then with no M edge, then first in the table. Choosing the candidate that
     divides M (the rule until 2026-12) put 512 and 1024 on 4×16 tiles, whose 8 accumulators cap
     Zen 2 at 80% of its FMA rate: 1024³ measured 104% of torch.mm with MR = 4 and 126% with
-    MR = 6 (one thread; 512³ 96% → 112%, 256³ 84% → 97%)."""
-    return min(t["MR_alt"], key=lambda r: (tile_time(m, r, t), m % r != 0, t["MR_alt"].index(r)))
+    MR = 6 (one thread; 512³ 96% → 112%).
+
+    ``small`` (M in one block, B packed once for all of it): the candidates that divide M come
+    first, since an M edge reads all of B once more for its few rows. nn.Linear with M = 128
+    (128×768 by 768×3072 and back) measured 5–10% slower on 6×16 tiles plus a 2-row edge than on
+    4×16 tiles, and each edge region adds about 0.14 s to the cold compile.
+    """
+    cands = [r for r in t["MR_alt"] if m % r == 0] if small else []
+    return min(cands or t["MR_alt"], key=lambda r: (tile_time(m, r, t), m % r != 0, t["MR_alt"].index(r)))
 
 
 def tile_time(m: int, r: int, t: Mapping[str, Any]) -> float:
