@@ -113,12 +113,11 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     elif not p.batch:
         # one M block (B packed once per k-block), or two when N alone cannot be split evenly
         # (256^3 at 2 threads: 59% of torch.mm in one M block, 78% in two; halves only where MR
-        # divides M: 126-row halves of 256 with a 4-row edge measured 71% at 1 thread); register
-        # tiles that divide M if any (see register_rows); ranked by
-        # the split at 2 threads, then the register tile (tile_time: at 2 threads a balanced
-        # split on 4x16 tiles beats an unbalanced one on 6x16), one M block, the split at 4
-        # threads; N blocks keep NC/NR >= 12 (see ISA_TABLE); the table's width on a tie
-        cands = [(mr, mc, nc) for mr in ([r for r in t["MR_alt"] if p.m % r == 0] or t["MR_alt"])
+        # divides M: 126-row halves of 256 with a 4-row edge measured 71% at 1 thread), over the
+        # register tiles that divide M (see register_rows). Ranked by the split at 2 threads, then
+        # tile_time (a balanced split on 4x16 tiles beats an unbalanced one on 6x16), one M block,
+        # the split at 4 threads; N blocks keep NC/NR >= 12 (see ISA_TABLE); the table's width on a tie
+        cands = [(mr, mc, nc) for mr in _dividing_tiles(p.m, t)
                  for mc in [p.m] + ([p.m // 2] if p.m % (2 * mr) == 0 and p.m >= 8 * mr else [])
                  for nc in range(q["NC"], 12 * q["NR"] - 1, -q["NR"])]
         def score(c: tuple[int, int, int]) -> tuple:
@@ -147,8 +146,13 @@ def register_rows(m: int, t: Mapping[str, Any], small: bool = False) -> int:
     (128×768 by 768×3072 and back) measured 5–10% slower on 6×16 tiles plus a 2-row edge than on
     4×16 tiles, and each edge region adds about 0.14 s to the cold compile.
     """
-    cands = [r for r in t["MR_alt"] if m % r == 0] if small else []
-    return min(cands or t["MR_alt"], key=lambda r: (tile_time(m, r, t), m % r != 0, t["MR_alt"].index(r)))
+    cands = _dividing_tiles(m, t) if small else t["MR_alt"]
+    return min(cands, key=lambda r: (tile_time(m, r, t), m % r != 0, t["MR_alt"].index(r)))
+
+
+def _dividing_tiles(m: int, t: Mapping[str, Any]) -> Sequence[int]:
+    """The ``MR_alt`` candidates that divide M (no M edge), or all of them if none does."""
+    return [r for r in t["MR_alt"] if m % r == 0] or t["MR_alt"]
 
 
 def tile_time(m: int, r: int, t: Mapping[str, Any]) -> float:
