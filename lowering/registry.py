@@ -17,13 +17,18 @@ LoweringRule = Callable[..., object]
 
 _RULES: dict[torch._ops.OpOverload, LoweringRule] = {}
 _KINDS: dict[torch._ops.OpOverload, str] = {}
+# Ops that exist only once an optional module defines them, by qualified name ("prims::fma.default":
+# Dynamo emits Inductor's ``prims.fma`` for ``addcmul_(value=)``, and importing
+# ``torch._inductor.inductor_prims`` up front costs 1.6 s)
+_BY_NAME: dict[str, tuple[LoweringRule, str]] = {}
 FUSION_KINDS = ("pointwise", "reduction", "matmul", "opaque")
 _FAMILIES = ("elementwise", "reduction", "matmul", "shape", "indexing", "creation", "conv", "sorting")
 _loaded = False
 
 
 def register_lowering(*ops: object, kind: str | None = None) -> Callable[[LoweringRule], LoweringRule]:
-    """Register the decorated rule for ``ops`` (``OpOverload`` or ``OpOverloadPacket``).
+    """Register the decorated rule for ``ops`` (``OpOverload`` or ``OpOverloadPacket``, or the
+    qualified name ``"ns::op.overload"`` of an op another module defines on import).
 
     ``kind`` is the op's fusion kind (``pointwise``, ``reduction``, ``matmul``, ``opaque``);
     by default the ``FUSION_KIND`` of the rule's module (``opaque`` if it has none). Pointwise and
@@ -38,6 +43,11 @@ def register_lowering(*ops: object, kind: str | None = None) -> Callable[[Loweri
         if k not in FUSION_KINDS:
             raise ValueError(f"unknown fusion kind {k!r}")
         for op in ops:
+            if isinstance(op, str):
+                if op in _BY_NAME:
+                    raise ValueError(f"{op} already has lowering rule {_BY_NAME[op][0].__name__}")
+                _BY_NAME[op] = (fn, k)
+                continue
             overloads = ([getattr(op, o) for o in op.overloads()]
                          if isinstance(op, torch._ops.OpOverloadPacket) else [op])
             for ov in overloads:
@@ -63,14 +73,23 @@ def lowering_rules() -> dict[torch._ops.OpOverload, LoweringRule]:
     return _RULES
 
 
+def _by_name(op: object) -> tuple[LoweringRule, str] | None:
+    if not isinstance(op, torch._ops.OpOverload):
+        return None
+    return _BY_NAME.get(f"{op.namespace}::{op._opname}.{op._overloadname}")
+
+
 def get_lowering(op: object) -> LoweringRule | None:
-    return lowering_rules().get(op)  # type: ignore[arg-type]
+    rule = lowering_rules().get(op)  # type: ignore[arg-type]
+    named = _by_name(op) if rule is None else None
+    return named[0] if named else rule
 
 
 def fusion_kind(op: object) -> str:
     """``pointwise``/``reduction``/``matmul``/``opaque`` for an op (``opaque`` if it has no rule)."""
     lowering_rules()
-    return _KINDS.get(op, "opaque")  # type: ignore[arg-type]
+    named = _by_name(op)
+    return named[1] if named else _KINDS.get(op, "opaque")  # type: ignore[arg-type]
 
 
 _FAMILY_PATTERNS = [

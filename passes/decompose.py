@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
-from neuron_compile.passes import (embedding, histogram, householder, jacobi, linalg, sampling, separable, special,
-                                   view_scatter)
+from neuron_compile.passes import (embedding, foreach, histogram, householder, jacobi, linalg, sampling, separable,
+                                   special, view_scatter)
 
 aten = torch.ops.aten
 
@@ -345,6 +345,7 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.special_zeta.default: (special.zeta, "ATen zeta: 10 direct terms + Euler-Maclaurin, unrolled"),
 }
 
+OURS.update(foreach.table())  # the optimizers' _foreach_* ops, one entry per overload
 
 def check_disjoint(table: dict, lowered: dict) -> None:
     """Raise ``RuntimeError`` if an op we chose to decompose also has a lowering rule."""

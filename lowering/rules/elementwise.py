@@ -44,6 +44,17 @@ def lower_add(ctx: LoweringContext, a, b, alpha=1) -> TensorValue:
     return _pointwise(ctx, lambda s, x, y: s.add(x, y), a, b)
 
 
+@register_lowering("prims::fma.default")
+def lower_fma(ctx: LoweringContext, a, b, c) -> TensorValue:
+    """Inductor's ``prims.fma(a, b, c) = a·b + c`` rounded once (``torch/_inductor/inductor_prims.py``),
+    which Dynamo emits for ``addcmul_``/``addcdiv_`` with ``value=`` and ``add_`` with a tensor
+    ``alpha`` (the optimizers' updates). Floats: ``math.fma``; integers: multiply, then add."""
+    _, dtype = ctx.out_spec()
+    if dtype.is_floating_point:
+        return _pointwise(ctx, lambda s, x, y, z: s.fma(x, y, z), a, b, c)
+    return _pointwise(ctx, lambda s, x, y, z: s.add(s.mul(x, y), z), a, b, c)
+
+
 @register_lowering(aten.sub.Tensor, aten.sub.Scalar)
 def lower_sub(ctx: LoweringContext, a, b, alpha=1) -> TensorValue:
     if alpha != 1:
