@@ -134,6 +134,7 @@ class NeuronBackend:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from neuron_compile.compiler import compile_graph
         from neuron_compile.passes import bounded
+        from neuron_compile.passes.aten_checks import check_arguments
         from neuron_compile.passes.decompose import decomposition_table
 
         if mode not in (None, "default"):
@@ -141,6 +142,7 @@ class NeuronBackend:
                           "use options={...} (see neuron_compile.config.Config)", RuntimeWarning, stacklevel=2)
         config = resolve_config(options)
         _check_static(gm, example_inputs)
+        check_arguments(gm)  # ATen's CPU-kernel argument checks that fake tensors skip: eager's error
         narrows = bounded.rewrite(gm)  # unique/nonzero/... whose results go straight to the outputs
         _check_no_data_dependent_sizes(gm)
 

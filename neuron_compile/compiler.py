@@ -77,11 +77,13 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
                 workdir: Path) -> Build:
     """Run every phase for ``gm`` (a cache miss); payload files land in ``workdir``."""
     from neuron_compile.lowering.emit import lower_graph
+    from neuron_compile.passes.aten_checks import check_arguments
     from neuron_compile.passes.host_checks import split_host_checks
     build_seconds: dict[str, float] = {}
     ops_in = sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
     dumper.fx(Phase.FX.value, gm)
     dumper.repro(gm)
+    check_arguments(gm)  # ATen's CPU-kernel argument checks that fake tensors skip: eager's error
     checks = split_host_checks(gm)  # torch.linalg's error checks: run on the host after the kernel
     gm = run_fx_passes(gm, name, dumper, build_seconds, config.pass_names)
     dumper.fx(Phase.FX_OPT.value, gm)

@@ -100,6 +100,11 @@ class PipelineError(NeuronCompileError):
             "Please report this with that file attached.")
 
 
+class ArgumentCheckError(NeuronCompileError):
+    """An op's arguments are ones ATen's CPU kernel rejects (e.g. ``torch.mm`` of float32 and float64):
+    the message is eager's, followed by the op, the FX node and the user's line."""
+
+
 class RuntimeCallError(NeuronCompileError):
     """A compiled executable was called with inputs that do not match what it was compiled for."""
 

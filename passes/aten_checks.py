@@ -1,0 +1,66 @@
+"""ATen's argument checks that live only in its CPU kernels, run at compile time with eager's message.
+
+Fake-tensor tracing uses meta functions, and some of ATen's checks exist only in the CPU kernels:
+``torch.mm`` of a float32 and a float64 matrix traces to ``aten.mm`` returning float32, where eager
+raises ``RuntimeError: expected m1 and m2 to have the same dtype``. :func:`check_arguments` calls
+each such op of the graph (:data:`PROBED`, the matmul family of ``aten/src/ATen/native/Blas.cpp``
+and ``LinearAlgebra.cpp``) once on all-ones tensors of the same dtypes and ranks, every dim 1, so
+shapes always agree and only the dtype checks can fire. An exception becomes an
+:class:`~neuron_compile.errors.ArgumentCheckError` with ATen's exact text and the user's line, so a
+compiled call raises where eager raises instead of returning a value.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.errors import ArgumentCheckError
+
+aten = torch.ops.aten
+
+PROBED = frozenset({
+    aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.addbmm.default,
+    aten.mv.default, aten.addmv.default, aten.dot.default, aten.vdot.default,
+    # the same ops as Dynamo records them (the backend checks its graph before AOTAutograd decomposes
+    # mv and matmul away; compile_graph checks ATen graphs from any source)
+    torch.mm, torch.addmm, torch.bmm, torch.baddbmm, torch.addbmm, torch.mv, torch.addmv, torch.dot, torch.vdot,
+    torch.matmul, operator.matmul, F.linear,
+})
+PROBED_METHODS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
+                            "__matmul__"})
+
+
+def _probe(a: object) -> object:
+    if not isinstance(a, torch.fx.Node):
+        return a
+    val = a.meta.get("val", a.meta.get("example_value"))
+    if isinstance(val, torch.Tensor):
+        return torch.ones([1] * val.dim(), dtype=val.dtype)
+    return a
+
+
+def check_arguments(gm: torch.fx.GraphModule) -> None:
+    """Raise :class:`~neuron_compile.errors.ArgumentCheckError` (a ``RuntimeError``) with eager's
+    message if an op of :data:`PROBED` (or a :data:`PROBED_METHODS` method call) in ``gm`` has
+    arguments its CPU kernel rejects (dtypes that differ, a dtype it does not implement). Works on
+    Dynamo's graph (torch functions, ``example_value`` metadata) and on ATen graphs (``val``). The
+    graph is not changed."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from neuron_compile.lowering.locations import user_location
+    for n in gm.graph.nodes:
+        method = n.op == "call_method" and n.target in PROBED_METHODS
+        if not method and (n.op != "call_function" or n.target not in PROBED):
+            continue
+        args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), _probe)
+        if any(isinstance(a, torch.fx.Node) for a in args):
+            continue  # an argument without a recorded value: nothing to probe with
+        with unset_fake_temporarily():
+            try:
+                (getattr(args[0], n.target)(*args[1:], **kwargs) if method else n.target(*args, **kwargs))
+            except (RuntimeError, TypeError) as exc:
+                op = n.target if method else getattr(n.target, "__name__", str(n.target))
+                raise ArgumentCheckError(f"{exc}\n  (eager raises this too: {op}, FX node '{n.name}', at "
+                                         f"{user_location(n)}; make the arguments' dtypes agree)") from None

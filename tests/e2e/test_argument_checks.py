@@ -1,0 +1,52 @@
+"""Values where eager raises (issue 13, item 5): ATen's argument checks that live only in its CPU
+kernels (dtype agreement in the matmul family) must raise in the compiled call too, with eager's
+message, never return a value."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import neuron_compile
+
+f32, f64, bf16 = torch.float32, torch.float64, torch.bfloat16
+
+
+def _t(*shape, dtype=f32):
+    return torch.randn(*shape).to(dtype)
+
+
+CASES = {
+    "matmul f32@f64": (lambda a, b: a @ b, lambda: (_t(3, 4), _t(4, 2, dtype=f64))),
+    "mm bf16,f32": (torch.mm, lambda: (_t(2, 3, dtype=bf16), _t(3, 2))),
+    "linear f64 weight": (F.linear, lambda: (_t(2, 3), _t(4, 3, dtype=f64))),
+    "linear f64 bias": (F.linear, lambda: (_t(2, 3), _t(4, 3), _t(4, dtype=f64))),
+    "addmm f64 self": (torch.addmm, lambda: (_t(2, 2, dtype=f64), _t(2, 3), _t(3, 2))),
+    "baddbmm f64 self": (torch.baddbmm, lambda: (_t(2, 2, 2, dtype=f64), _t(2, 2, 3), _t(2, 3, 2))),
+    "mv": (torch.mv, lambda: (_t(2, 3), _t(3, dtype=f64))),
+    "dot": (torch.dot, lambda: (_t(3), _t(3, dtype=f64))),
+    "matmul 3-d by 2-d": (torch.matmul, lambda: (_t(2, 2, 3), _t(3, 2, dtype=f64))),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_compiled_call_raises_eagers_error(case):
+    fn, make = CASES[case]
+    args = make()
+    with pytest.raises(RuntimeError) as eager:
+        fn(*args)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError) as compiled:
+        neuron_compile(fn)(*args)
+    # ours carries eager's text; where Dynamo's fake-tensor meta function already checks (bmm,
+    # baddbmm, dot), Dynamo raises its own RuntimeError before the backend runs
+    msg = str(compiled.value)
+    assert str(eager.value).splitlines()[0] in msg or "Dynamo failed to run FX node with fake tensors" in msg
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, bf16, f64], ids=str)
+def test_matching_dtypes_still_compile(dtype):
+    a, b = (torch.randint(-3, 4, (5, 6)).to(dtype), torch.randint(-3, 4, (6, 7)).to(dtype))
+    torch._dynamo.reset()
+    got = neuron_compile(torch.mm)(a, b)
+    assert got.dtype == dtype and torch.equal(got, torch.mm(a.double(), b.double()).to(dtype))
