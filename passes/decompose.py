@@ -73,6 +73,31 @@ def _native_dropout(input: torch.Tensor, p: float, train: bool | None):
     return input * noise * (1.0 / (1 - p)), noise.to(torch.bool)
 
 
+def _addbmm(x: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, *, beta=1, alpha=1) -> torch.Tensor:
+    """``beta·x + alpha·Σ_b b1[b] @ b2[b]`` as ATen's ``addbmm`` (``Blas.cpp``): ``beta == 0`` ignores
+    ``x`` (its NaN/inf do not propagate), and for integer tensors the scalars are first converted to
+    the tensor's type (``Scalar.to<int64_t>()`` truncates: beta 0.6 is 0), so the result keeps x's
+    integer dtype where Python float scalars would promote it to float."""
+    if not (x.is_floating_point() or x.is_complex()):
+        beta, alpha = int(beta), int(alpha)
+    prod = (b1 @ b2).sum(0)
+    return alpha * prod if beta == 0 else beta * x + alpha * prod
+
+
+def _trilinear(i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1, expand2, expand3, sumdim,
+               unroll_dim: int = 1) -> torch.Tensor:
+    """ATen's ``_trilinear`` (``Linear.cpp``; ``F.bilinear`` calls it with the weight as ``i2``):
+    each input unsqueezed at its ``expand`` dims in increasing order, the three multiplied with
+    broadcasting and summed over ``sumdim`` (dims removed). ``unroll_dim`` only picks ATen's loop
+    order. The product and the sum fuse into one reduction kernel."""
+    def expand(t: torch.Tensor, dims) -> torch.Tensor:
+        for d in sorted(dims):
+            t = t.unsqueeze(d)
+        return t
+    prod = expand(i1, expand1) * expand(i2, expand2) * expand(i3, expand3)
+    return prod.sum(list(sumdim)) if len(sumdim) else prod
+
+
 def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
     """``softmax`` as ATen's CPU kernel computes it (``SoftMaxKernel.cpp``): e = exp(x - amax(x)),
     then along the last dim ``e * (1 / sum(e))`` (``_vec_softmax_lastdim``), along any other dim
@@ -296,8 +321,8 @@ OURS: dict[object, tuple[Callable, str]] = {
                                               "dorg2r: the reflectors applied to identity columns"),
     aten.adaptive_max_pool2d.default: (_adaptive_max_pool, "windows masked out of the plane, amax + argmax"),
     aten.adaptive_max_pool3d.default: (_adaptive_max_pool, "windows masked out of the volume, amax + argmax"),
-    aten.addbmm.default: (lambda x, b1, b2, *, beta=1, alpha=1: beta * x + alpha * (b1 @ b2).sum(0)
-                          if beta != 0 else alpha * (b1 @ b2).sum(0), "batched matmul summed over the batch"),
+    aten.addbmm.default: (_addbmm, "batched matmul summed over the batch"),
+    aten._trilinear.default: (_trilinear, "inputs unsqueezed, multiplied with broadcasting, summed over sumdim"),
     aten.nonzero_static.default: (_nonzero_static, "running nonzero count picks each output slot"),
     aten.segment_reduce.default: (_segment_reduce, "membership mask per segment, then one masked reduction"),
     aten.index_reduce.default: (_index_reduce, "scatter_reduce with the index broadcast along dim"),

@@ -27,6 +27,8 @@ CASES = {
                       + F.pad(t.flatten(2), (3, 1), mode="replicate").sum(), (2, 3, 4, 5)),
     "sort_topk": (lambda t: t.sort(-1, descending=True)[0] + t.topk(6, 0)[0].sum(), (7, 6)),
     "median_kthvalue": (lambda t: t.median(0)[0] + t.kthvalue(2, 0)[0] + t.nanmedian(), (5, 6)),
+    # F.bilinear is aten._trilinear: y[n, o] = sum_ij x[n, i] W[o, i, j] x[n, j] (+ b)
+    "bilinear": (lambda t: F.bilinear(t, t.flip(-1), t[:3, :, None].expand(3, 6, 6) * 0.5, t[0, :3]), (7, 6)),
 }
 
 

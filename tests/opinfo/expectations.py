@@ -37,7 +37,6 @@ EXPECTED = [
     (op("_upsample_bilinear2d_aa"), F32, "unsupported", 'aten._upsample_bilinear2d_aa.default'),
     (op("nn.functional.fractional_max_pool2d"), F32, "unsupported", 'aten.fractional_max_pool2d.default'),
     (op("nn.functional.fractional_max_pool3d"), F32, "unsupported", 'aten.fractional_max_pool3d.default'),
-    (op("nn.functional.bilinear"), F32, "unsupported", 'aten._trilinear.default'),
     (op("nn.functional.rrelu"), F32, "unsupported", 'aten.rrelu_with_noise_functional.default'),
     (op("nextafter"), F32, "unsupported", 'aten.nextafter.default'),
     (op("igamma"), F32, "unsupported", 'aten.igamma.default'),
