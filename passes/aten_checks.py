@@ -2,10 +2,11 @@
 
 Fake-tensor tracing uses meta functions, and some of ATen's checks exist only in the CPU kernels:
 ``torch.mm`` of a float32 and a float64 matrix traces to ``aten.mm`` returning float32, where eager
-raises ``RuntimeError: expected m1 and m2 to have the same dtype``. :func:`check_arguments` calls
-each such op of the graph (:data:`PROBED`, the matmul family of ``aten/src/ATen/native/Blas.cpp``
-and ``LinearAlgebra.cpp``) once on all-ones tensors of the same dtypes and ranks, every dim 1, so
-shapes always agree and only the dtype checks can fire. An exception becomes an
+raises ``RuntimeError: expected m1 and m2 to have the same dtype``; ``softmax`` of an integer
+tensor and ``fill_(300)`` of a uint8 one return values where eager raises. :func:`check_arguments`
+calls each such op of the graph (:data:`PROBED`: the matmul family of ``aten/src/ATen/native/Blas.cpp``
+and ``LinearAlgebra.cpp``, softmax, fill) once on all-ones tensors of the same dtypes and ranks,
+every dim 1, so shapes always agree and only the dtype and value checks can fire. An exception becomes an
 :class:`~neuron_compile.errors.ArgumentCheckError` with ATen's exact text and the user's line, so a
 compiled call raises where eager raises instead of returning a value.
 """
@@ -23,13 +24,25 @@ aten = torch.ops.aten
 PROBED = frozenset({
     aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.addbmm.default,
     aten.mv.default, aten.addmv.default, aten.dot.default, aten.vdot.default,
+    aten._softmax.default, aten._log_softmax.default, aten.fill.Scalar,
     # the same ops as Dynamo records them (the backend checks its graph before AOTAutograd decomposes
-    # mv and matmul away; compile_graph checks ATen graphs from any source)
+    # mv, matmul and softmax away; compile_graph checks ATen graphs from any source)
     torch.mm, torch.addmm, torch.bmm, torch.baddbmm, torch.addbmm, torch.mv, torch.addmv, torch.dot, torch.vdot,
     torch.matmul, operator.matmul, F.linear,
+    torch.softmax, torch.log_softmax, F.softmax, F.log_softmax,    # not implemented for integer dtypes
+    torch.full, torch.full_like, torch.fill,                        # a fill value that overflows the dtype
 })
 PROBED_METHODS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
-                            "__matmul__"})
+                            "__matmul__", "softmax", "log_softmax", "fill_"})
+
+
+def _full_probe(size, fill_value, *args, **kwargs) -> torch.Tensor:
+    """``torch.full`` of a 0-d result: the value conversion checks without the allocation."""
+    return torch.full((), fill_value, *args, **kwargs)
+
+
+# Targets whose probe is not the op itself on all-ones tensors
+PROBE_WITH = {torch.full: _full_probe}
 
 
 def _probe(a: object) -> object:
@@ -44,7 +57,8 @@ def _probe(a: object) -> object:
 def check_arguments(gm: torch.fx.GraphModule) -> None:
     """Raise :class:`~neuron_compile.errors.ArgumentCheckError` (a ``RuntimeError``) with eager's
     message if an op of :data:`PROBED` (or a :data:`PROBED_METHODS` method call) in ``gm`` has
-    arguments its CPU kernel rejects (dtypes that differ, a dtype it does not implement). Works on
+    arguments its CPU kernel rejects (dtypes that differ, a dtype it does not implement, a fill value
+    the dtype cannot hold). Works on
     Dynamo's graph (torch functions, ``example_value`` metadata) and on ATen graphs (``val``). The
     graph is not changed."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -59,8 +73,11 @@ def check_arguments(gm: torch.fx.GraphModule) -> None:
             continue  # an argument without a recorded value: nothing to probe with
         with unset_fake_temporarily():
             try:
-                (getattr(args[0], n.target)(*args[1:], **kwargs) if method else n.target(*args, **kwargs))
+                if method:
+                    getattr(args[0], n.target)(*args[1:], **kwargs)
+                else:
+                    PROBE_WITH.get(n.target, n.target)(*args, **kwargs)
             except (RuntimeError, TypeError) as exc:
                 op = n.target if method else getattr(n.target, "__name__", str(n.target))
                 raise ArgumentCheckError(f"{exc}\n  (eager raises this too: {op}, FX node '{n.name}', at "
-                                         f"{user_location(n)}; make the arguments' dtypes agree)") from None
+                                         f"{user_location(n)}; eager rejects these arguments' dtypes or values)") from None

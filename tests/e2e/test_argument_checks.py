@@ -1,6 +1,6 @@
 """Values where eager raises (issue 13, item 5): ATen's argument checks that live only in its CPU
-kernels (dtype agreement in the matmul family) must raise in the compiled call too, with eager's
-message, never return a value."""
+kernels (dtype agreement in the matmul family, integer inputs to softmax, fill values that overflow
+the dtype) must raise in the compiled call too, with eager's message, never return a value."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +26,14 @@ CASES = {
     "mv": (torch.mv, lambda: (_t(2, 3), _t(3, dtype=f64))),
     "dot": (torch.dot, lambda: (_t(3), _t(3, dtype=f64))),
     "matmul 3-d by 2-d": (torch.matmul, lambda: (_t(2, 2, 3), _t(3, 2, dtype=f64))),
+    # floating-only kernels given integers
+    "softmax of int64": (lambda x: torch.softmax(x, -1), lambda: (torch.arange(6).reshape(2, 3),)),
+    "log_softmax method of int64": (lambda x: x.log_softmax(0), lambda: (torch.arange(6).reshape(2, 3),)),
+    # a fill value the dtype cannot hold (arithmetic with such a scalar wraps, as in eager)
+    "fill_ uint8 with 300": (lambda x: x.clone().fill_(300), lambda: (torch.tensor([1, 2], dtype=torch.uint8),)),
+    "full uint8 with 300": (lambda x: x + torch.full((2,), 300, dtype=torch.uint8),
+                            lambda: (torch.tensor([1, 2], dtype=torch.uint8),)),
+    "full int8 with -129": (lambda x: x * torch.full_like(x, -129), lambda: (torch.tensor([1, 2], dtype=torch.int8),)),
 }
 
 
