@@ -17,11 +17,11 @@ import torch
 aten = torch.ops.aten
 
 
-def _addc(op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _addc(combine: Callable[..., torch.Tensor], fused: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``addcmul``/``addcdiv``: ATen's op for a number ``value``; for an element of a
+    ``Tensor scalars`` (a 0-d tensor) ``s + value·combine(t1, t2)``, with no ``.item()`` while tracing."""
     def per(s, t1, t2, value=1):
-        if isinstance(value, torch.Tensor):  # an element of a ``Tensor scalars``: no .item() while tracing
-            return s + value * op(t1, t2)
-        return (torch.addcmul if op is torch.mul else torch.addcdiv)(s, t1, t2, value=value)
+        return s + value * combine(t1, t2) if isinstance(value, torch.Tensor) else fused(s, t1, t2, value=value)
     return per
 
 
@@ -33,8 +33,8 @@ def _binary_or_clamp(binary: Callable, clamp: Callable) -> Callable:
 
 # Per-tensor forms whose torch function differs from the op's name or its argument handling
 PER_TENSOR: dict[str, Callable[..., Any]] = {
-    "addcmul": _addc(torch.mul),
-    "addcdiv": _addc(torch.div),
+    "addcmul": _addc(torch.mul, torch.addcmul),
+    "addcdiv": _addc(torch.div, torch.addcdiv),
     "maximum": _binary_or_clamp(torch.maximum, torch.clamp_min),
     "minimum": _binary_or_clamp(torch.minimum, torch.clamp_max),
     "copy": lambda s, src, non_blocking=False: aten.copy.default(s, src, non_blocking),
