@@ -232,6 +232,25 @@ class ScalarBuilder:
         """``op`` in and/or/xor on integer or bool operands."""
         return self._emit(f"arith.{op}i {a.name}, {b.name} : {a.type}", a.dtype)
 
+    def shift(self, left: bool, a: Scalar, b: Scalar) -> Scalar:
+        """``a << b`` (``left``) or ``a >> b`` on integers, as ATen's CPU kernels (``lshift``/``rshift``
+        in ``aten/src/ATen/native/cpu/BinaryOpsKernel.cpp``): a shift by a negative amount or by the bit
+        width or more gives 0, except a right shift of a signed value, which gives ``a >> (bits - 1)``
+        (its sign: 0 or -1). ``arith``'s shifts are poison there, so the amount is clamped first."""
+        bits = torch.iinfo(a.dtype).bits
+        signed = a.dtype not in UNSIGNED
+        zero = self.const(0, a.dtype)
+        limit = bits - 1 if signed and not left else bits
+        outside = self.cmp("ge", b, self.const(limit, a.dtype))
+        if signed:
+            outside = self.logical_or(outside, self.cmp("lt", b, zero))
+        if signed and not left:
+            amount = self.select(outside, self.const(bits - 1, a.dtype), b)
+            return self._emit(f"arith.shrsi {a.name}, {amount.name} : {a.type}", a.dtype)
+        amount = self.select(outside, zero, b)
+        op = "arith.shli" if left else "arith.shrui"
+        return self.select(outside, zero, self._emit(f"{op} {a.name}, {amount.name} : {a.type}", a.dtype))
+
     # -- transcendental (floats only) -------------------------------------------------------------
     def unary(self, op: str, a: Scalar) -> Scalar:
         """A one-operand ``math``/``arith`` float op such as ``math.exp``."""

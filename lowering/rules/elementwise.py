@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from neuron_compile.errors import RuleDeclined
 from neuron_compile.lowering.context import LoweringContext, result_dtype
 from neuron_compile.lowering.ir import UNSIGNED, TensorValue
 from neuron_compile.lowering.lazy import LazyTensor
@@ -224,6 +225,22 @@ def _bitwise(op: str):
 for _op in ("and", "or", "xor"):
     _packet = getattr(aten, f"bitwise_{_op}")
     register_lowering(_packet.Tensor, _packet.Scalar)(_bitwise(_op))
+
+
+def _shift(left: bool):
+    def rule(ctx: LoweringContext, a, b) -> TensorValue:
+        _, dtype = ctx.out_spec()
+        if dtype.is_floating_point or dtype == torch.bool:
+            raise RuleDeclined(f"shifts of {dtype} (eager: not implemented for this dtype)")
+        return _pointwise(ctx, lambda s, x, y: s.shift(left, x, y), a, b)
+    rule.__name__ = f"lower_{'left' if left else 'right'}_shift"
+    return rule
+
+
+register_lowering(aten.__lshift__.Tensor, aten.__lshift__.Scalar, aten.bitwise_left_shift.Tensor,
+                  aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor)(_shift(True))
+register_lowering(aten.__rshift__.Tensor, aten.__rshift__.Scalar, aten.bitwise_right_shift.Tensor,
+                  aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor)(_shift(False))
 
 
 @register_lowering(aten.bitwise_not.default)
