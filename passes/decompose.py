@@ -355,6 +355,7 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.avg_pool3d_backward.default: (separable.avg_pool_backward(3), "the transposed window matrices"),
     aten._adaptive_avg_pool2d_backward.default: (separable.adaptive_avg_pool_backward(2),
                                                  "the transposed adaptive window matrices"),
+    aten._adaptive_avg_pool3d.default: (separable.adaptive_avg_pool(3), "adaptive window matrix per spatial dim"),
     aten._adaptive_avg_pool3d_backward.default: (separable.adaptive_avg_pool_backward(3),
                                                  "the transposed adaptive window matrices"),
     aten.replication_pad1d_backward.default: (separable.replication_pad_backward(1), "one-hot clamp matrix, transposed"),

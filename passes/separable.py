@@ -101,6 +101,15 @@ def _adaptive_matrix(n: int, o: int) -> torch.Tensor:
     return _band(start, end, n, 1.0 / (end - start))
 
 
+def adaptive_avg_pool(nd: int):
+    """``_adaptive_avg_poolNd(x, output_size)``: output i of a dimension of length n averages the
+    window [⌊i·n/o⌋, ⌈(i+1)·n/o⌉) (``AdaptiveAvgPoolKernel.cpp``), one matrix per dimension."""
+    def fn(x, output_size):
+        mats = [_adaptive_matrix(x.shape[-nd + i], output_size[i]) for i in range(nd)]
+        return _apply(x, mats, transpose=False)
+    return fn
+
+
 def adaptive_avg_pool_backward(nd: int):
     """``_adaptive_avg_poolNd_backward(grad_output, self)``: windows [⌊i·n/o⌋, ⌈(i+1)·n/o⌉)."""
     def fn(grad_output, x):

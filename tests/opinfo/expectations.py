@@ -32,8 +32,6 @@ EXPECTED = [
     (op("lcm"), I64, "unsupported", 'aten.lcm.default'),
     (op("nn.functional.linear_cross_entropy", "chunked"), F32, "dynamo", 'Unsupported: Attempted to call function marked as skipped Explanation: Dynamo does not know how to trace the Python builtin `_warnings.warn`. Hint: If'),
     (op("nn.functional.linear_cross_entropy", "chunked_none"), F32, "dynamo", 'Unsupported: Attempted to call function marked as skipped Explanation: Dynamo does not know how to trace the Python builtin `_warnings.warn`. Hint: If'),
-    (op("nn.functional.adaptive_avg_pool3d"), F32, "unsupported", 'aten._adaptive_avg_pool3d.default'),
-    (op("nn.functional.interpolate", "area"), F32, "unsupported", 'aten._adaptive_avg_pool3d.default'),
     (op("_upsample_bilinear2d_aa"), F32, "unsupported", 'aten._upsample_bilinear2d_aa.default'),
     (op("nn.functional.fractional_max_pool2d"), F32, "unsupported", 'aten.fractional_max_pool2d.default'),
     (op("nn.functional.fractional_max_pool3d"), F32, "unsupported", 'aten.fractional_max_pool3d.default'),
