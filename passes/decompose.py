@@ -210,6 +210,31 @@ def _put(x, index, source, accumulate=False):
     return flat.index_put((idx,), source.reshape(-1), accumulate).view_as(x)
 
 
+def _masked_scatter(x, mask, source):
+    """``Tensor.masked_scatter``: the k-th True position of ``mask`` (``x`` and ``mask`` broadcast, row-major)
+    takes ``source``'s k-th element (flattened), the others keep ``x``; k is the running count of
+    the mask, a static-size gather (Inductor decomposes it the same way). Eager raises when
+    ``source`` has fewer elements than the mask has True; here the index is clamped instead."""
+    shape = torch.broadcast_shapes(x.shape, mask.shape)   # out-of-place: both broadcast, as ATen
+    m = mask.expand(shape).reshape(-1)
+    k = (torch.cumsum(m.to(torch.int64), 0) - 1).clamp(0, max(source.numel() - 1, 0))
+    return torch.where(m, source.reshape(-1)[k], x.expand(shape).reshape(-1)).reshape(shape)
+
+
+def _masked_scatter_backward(grad, mask, sizes):
+    """``source``'s gradient of :func:`_masked_scatter`: element k of the flattened source gets the
+    gradient at the mask's k-th True position, 0 beyond the mask's count. An accumulating index_put
+    into ``numel + 1`` slots, the last one collecting every position that feeds no source element."""
+    n = 1
+    for s in sizes:
+        n *= s
+    m = mask.expand(grad.shape).reshape(-1)
+    k = torch.cumsum(m.to(torch.int64), 0) - 1
+    slot = torch.where(m & (k < n), k, n)
+    out = torch.zeros(n + 1, dtype=grad.dtype).index_put((slot,), grad.reshape(-1), accumulate=True)
+    return out[:n].reshape(sizes)
+
+
 def _index_reduce(x, dim, index, source, reduce, *, include_self=True):
     """``Tensor.index_reduce``: ``scatter_reduce`` with the 1-d index broadcast along ``dim``."""
     if x.dim() == 0:
@@ -328,6 +353,8 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.index_reduce.default: (_index_reduce, "scatter_reduce with the index broadcast along dim"),
     aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
     aten.put.default: (_put, "index_put on the flattened tensor"),
+    aten.masked_scatter.default: (_masked_scatter, "gather of source at the mask's running count"),
+    aten.masked_scatter_backward.default: (_masked_scatter_backward, "scatter-add of grad at the running count"),
     aten._embedding_bag_forward_only.default: (embedding.embedding_bag, "bag-membership matmul, or masked amax"),
     aten._embedding_bag.default: (embedding.embedding_bag, "bag-membership matmul, or masked amax"),
     aten.embedding_renorm.default: (embedding.embedding_renorm, "referenced rows over max_norm rescaled"),

@@ -23,6 +23,7 @@ CASES = {
     "avg_pool1d_3d": (lambda t: F.avg_pool1d(t.flatten(2), 3).sum() + F.avg_pool3d(t.unsqueeze(0), 2, 1).sum(),
                       (2, 3, 5, 5)),
     "adaptive_avg_pool2d_to_3x2": (lambda t: F.adaptive_avg_pool2d(t, (3, 2)), (2, 3, 7, 5)),
+    "masked_scatter": (lambda t: t.masked_scatter(t > 0.3, t.flip(0) * 2) + t[:1].masked_scatter(t[:1] < 0, t), (5, 6)),
     "adaptive_avg_pool3d_to_3x2x4": (lambda t: F.adaptive_avg_pool3d(t, (3, 2, 4)), (2, 3, 7, 5, 6)),
     "replicate_pad": (lambda t: F.pad(t, (2, 1, 1, 3), mode="replicate") * 2
                       + F.pad(t.flatten(2), (3, 1), mode="replicate").sum(), (2, 3, 4, 5)),
