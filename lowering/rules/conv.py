@@ -66,6 +66,35 @@ def _transposed(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stri
     return ctx.elementwise(lambda s, o, bb: s.add(o, bb), [out, b], shape, dtype)
 
 
+def _forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, acc: TensorValue, stride, padding, dilation,
+             groups: int) -> TensorValue:
+    """``acc + conv(x, w)``: one contraction over (n, oc, out spatial..., ic per group, kernel...)."""
+    k = x.rank - 2
+    x, _, x_map, w_map, out_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
+    dtype = acc.dtype
+
+    def body(b, args):
+        xv, wv, a = args
+        return b.add(a, b.mul(b.cast(xv, dtype), b.cast(wv, dtype)))
+    iters = ["parallel"] * (2 + k) + ["reduction"] * (1 + k)
+    return ctx.generic([x, w], [x_map, w_map], acc, out_map, iters, body)
+
+
+def _grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w: TensorValue, stride, padding, dilation,
+                 groups: int) -> TensorValue:
+    """The weight gradient of ``conv(x, w)`` given the gradient ``g`` of its output: read like the
+    forward, accumulated over (n, out spatial...) into w's shape."""
+    k = x.rank - 2
+    x_pad, _, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
+    dtype = g.dtype
+
+    def body(b, args):
+        gv, xv, a = args
+        return b.add(a, b.mul(b.cast(gv, dtype), b.cast(xv, dtype)))
+    iters = ["reduction", "parallel"] + ["reduction"] * k + ["parallel"] * (1 + k)
+    return ctx.generic([g, x_pad], [g_map, x_map], ctx.fill(w.shape, dtype, 0), w_map, iters, body)
+
+
 @register_lowering(aten.convolution.default)
 def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
                       transposed: bool, output_padding, groups: int) -> TensorValue:
@@ -74,18 +103,12 @@ def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias
         return _transposed(ctx, x, w, bias, stride, padding, dilation, groups)
     shape, dtype = ctx.out_spec()
     k, oc = x.rank - 2, w.shape[0]
-    x, _, x_map, w_map, out_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
     if bias is not None:
         acc = ctx.materialize(ctx.broadcast_to(ctx.cast(ctx.reshape(ctx.materialize(bias), (oc,) + (1,) * k), dtype),
                                                shape), kernel=False)
     else:
         acc = ctx.fill(shape, dtype, 0)
-
-    def body(b, args):
-        xv, wv, a = args
-        return b.add(a, b.mul(b.cast(xv, dtype), b.cast(wv, dtype)))
-    iters = ["parallel"] * (2 + k) + ["reduction"] * (1 + k)
-    return ctx.generic([x, w], [x_map, w_map], acc, out_map, iters, body)
+    return _forward(ctx, x, w, acc, stride, padding, dilation, groups)
 
 
 @register_lowering(aten.convolution_backward.default)
@@ -95,32 +118,34 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     """(grad_input, grad_weight, grad_bias) of :func:`lower_convolution`, each one contraction:
     grad_weight and grad_bias read like the forward; grad_input accumulates into the padded input
     through the forward's input map (an accumulating scatter, run as sequential loops), then the
-    padding is cropped."""
-    if transposed:
-        raise ctx.unsupported("the backward of a transposed convolution")
+    padding is cropped.
+
+    A transposed convolution ``y = convT(x, w)`` is the input gradient of ``z = conv(u, w)`` with
+    ``u`` shaped like ``y`` (PyTorch's ``ConvTranspose`` docs; ATen's ``convolution_backward``
+    swaps the roles the same way): its input gradient is the plain convolution ``conv(grad, w)``
+    (same stride, padding, dilation, groups; ``output_padding`` only chose y's size), and its weight
+    gradient is conv's weight gradient with x as the output gradient and ``grad`` as the input."""
     grad, x, w = ctx.materialize(grad), ctx.materialize(x), ctx.materialize(w)
     k = x.rank - 2
-    x_pad, padding, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
-    padded_shape = list(x_pad.shape)
     dtype = grad.dtype
     results = []
-    if output_mask[0]:
+    if output_mask[0] and transposed:
+        results.append(_forward(ctx, grad, w, ctx.fill(list(x.shape), dtype, 0), stride, padding, dilation, groups))
+    elif output_mask[0]:
+        x_pad, pad, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
+
         def gi_body(b, args):
             g, wv, a = args
             return b.add(a, b.mul(g, b.cast(wv, dtype)))
-        gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(padded_shape, dtype, 0), x_map,
+        gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(list(x_pad.shape), dtype, 0), x_map,
                          ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), gi_body)
-        results.append(ctx.extract_slice(gx, [0, 0] + list(padding), list(x.shape), [1] * x.rank)
-                       if any(padding) else gx)
+        results.append(ctx.extract_slice(gx, [0, 0] + list(pad), list(x.shape), [1] * x.rank)
+                       if any(pad) else gx)
     else:
         results.append(None)
     if output_mask[1]:
-        def gw_body(b, args):
-            g, xv, a = args
-            return b.add(a, b.mul(g, b.cast(xv, dtype)))
-        iters = ["reduction", "parallel"] + ["reduction"] * k + ["parallel"] * (1 + k)
-        results.append(ctx.generic([grad, x_pad], [g_map, x_map], ctx.fill(w.shape, dtype, 0), w_map, iters,
-                                   gw_body))
+        results.append(_grad_weight(ctx, x, grad, w, stride, padding, dilation, groups) if transposed
+                       else _grad_weight(ctx, grad, x, w, stride, padding, dilation, groups))
     else:
         results.append(None)
     if output_mask[2]:

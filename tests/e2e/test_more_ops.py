@@ -101,6 +101,27 @@ def test_conv2d_forward_backward_matches_float64_eager(kw):
         torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("kw", [{"stride": 2, "padding": 1, "output_padding": 1}, {},
+                                {"stride": 3, "padding": 2, "dilation": 2, "output_padding": 1},
+                                {"stride": 2, "padding": 1, "groups": 2}])
+def test_conv_transpose2d_forward_backward_matches_float64_eager(kw):
+    """nn.ConvTranspose2d trains (issue 13, item 7): its backward is a plain convolution of the
+    output gradient (input gradient) and conv's weight gradient with the roles swapped."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 5, 7, requires_grad=True)
+    w = torch.randn(4, 6 // kw.get("groups", 1), 3, 3, requires_grad=True)
+    b = torch.randn(6, requires_grad=True)
+    f = lambda x, w, b: F.conv_transpose2d(x, w, b, **kw)  # noqa: E731
+    out = neuron_compile(f)(x, w, b)
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    out_ref = f(*refs)
+    torch.testing.assert_close(out.double(), out_ref, rtol=1e-5, atol=1e-4)
+    grads = torch.autograd.grad((out * out).sum(), [x, w, b])
+    grads_ref = torch.autograd.grad((out_ref * out_ref).sum(), refs)
+    for g, gr in zip(grads, grads_ref):
+        torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-3)
+
+
 def test_conv1d_and_prefix_scans():
     x1, w1 = torch.randn(2, 3, 10), torch.randn(5, 3, 4)
     f = lambda x, w: F.conv1d(x, w, padding=1)  # noqa: E731
