@@ -15,7 +15,7 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from neuron_compile.passes import (embedding, foreach, histogram, householder, jacobi, linalg, sampling, separable,
-                                   special, view_scatter)
+                                   special, transformer, view_scatter)
 
 aten = torch.ops.aten
 
@@ -354,6 +354,8 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
     aten.put.default: (_put, "index_put on the flattened tensor"),
     aten.masked_scatter.default: (_masked_scatter, "gather of source at the mask's running count"),
+    aten._transformer_encoder_layer_fwd.default: (transformer.transformer_encoder_layer_fwd,
+                                                  "TransformerEncoderLayer's fast path as attention, FFN, LayerNorms"),
     aten.masked_scatter_backward.default: (_masked_scatter_backward, "scatter-add of grad at the running count"),
     aten._embedding_bag_forward_only.default: (embedding.embedding_bag, "bag-membership matmul, or masked amax"),
     aten._embedding_bag.default: (embedding.embedding_bag, "bag-membership matmul, or masked amax"),
