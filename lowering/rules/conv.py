@@ -41,6 +41,14 @@ def _maps(k: int, w: TensorValue, stride, dilation, groups: int):
     return x_map, w_map, out_map
 
 
+def _mac(dtype: torch.dtype):
+    """The contraction body ``acc + u·v`` with both operands cast to ``dtype``."""
+    def body(b, args):
+        u, v, a = args
+        return b.add(a, b.mul(b.cast(u, dtype), b.cast(v, dtype)))
+    return body
+
+
 def _transposed(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
                 groups: int) -> TensorValue:
     """Transposed convolution (``conv_transposeNd``): the input gradient of the convolution whose
@@ -52,12 +60,8 @@ def _transposed(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stri
     stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
     x_map, w_map, g_map = _maps(k, w, stride, dilation, groups)
     padded = list(shape[:2]) + [shape[2 + i] + 2 * padding[i] for i in range(k)]
-
-    def body(b, args):
-        g, wv, a = args
-        return b.add(a, b.mul(b.cast(g, dtype), b.cast(wv, dtype)))
     out = ctx.generic([x, w], [g_map, w_map], ctx.fill(padded, dtype, 0), x_map,
-                      ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), body)
+                      ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), _mac(dtype))
     if any(padding):
         out = ctx.extract_slice(out, [0, 0] + padding, list(shape), [1] * len(shape))
     if bias is None:
@@ -71,13 +75,8 @@ def _forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, acc: TensorVa
     """``acc + conv(x, w)``: one contraction over (n, oc, out spatial..., ic per group, kernel...)."""
     k = x.rank - 2
     x, _, x_map, w_map, out_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
-    dtype = acc.dtype
-
-    def body(b, args):
-        xv, wv, a = args
-        return b.add(a, b.mul(b.cast(xv, dtype), b.cast(wv, dtype)))
     iters = ["parallel"] * (2 + k) + ["reduction"] * (1 + k)
-    return ctx.generic([x, w], [x_map, w_map], acc, out_map, iters, body)
+    return ctx.generic([x, w], [x_map, w_map], acc, out_map, iters, _mac(acc.dtype))
 
 
 def _grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w: TensorValue, stride, padding, dilation,
@@ -86,13 +85,8 @@ def _grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w: Tensor
     forward, accumulated over (n, out spatial...) into w's shape."""
     k = x.rank - 2
     x_pad, _, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
-    dtype = g.dtype
-
-    def body(b, args):
-        gv, xv, a = args
-        return b.add(a, b.mul(b.cast(gv, dtype), b.cast(xv, dtype)))
     iters = ["reduction", "parallel"] + ["reduction"] * k + ["parallel"] * (1 + k)
-    return ctx.generic([g, x_pad], [g_map, x_map], ctx.fill(w.shape, dtype, 0), w_map, iters, body)
+    return ctx.generic([g, x_pad], [g_map, x_map], ctx.fill(w.shape, g.dtype, 0), w_map, iters, _mac(g.dtype))
 
 
 @register_lowering(aten.convolution.default)
@@ -133,12 +127,8 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
         results.append(_forward(ctx, grad, w, ctx.fill(list(x.shape), dtype, 0), stride, padding, dilation, groups))
     elif output_mask[0]:
         x_pad, pad, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
-
-        def gi_body(b, args):
-            g, wv, a = args
-            return b.add(a, b.mul(g, b.cast(wv, dtype)))
         gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(list(x_pad.shape), dtype, 0), x_map,
-                         ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), gi_body)
+                         ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), _mac(dtype))
         results.append(ctx.extract_slice(gx, [0, 0] + list(pad), list(x.shape), [1] * x.rank)
                        if any(pad) else gx)
     else:

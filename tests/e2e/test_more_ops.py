@@ -90,15 +90,7 @@ def test_conv2d_forward_backward_matches_float64_eager(kw):
     x = torch.randn(2, 4, 9, 8, requires_grad=True)
     w = torch.randn(6, 4 // kw.get("groups", 1), 3, 3, requires_grad=True)
     b = torch.randn(6, requires_grad=True)
-    f = lambda x, w, b: F.conv2d(x, w, b, **kw)  # noqa: E731
-    out = neuron_compile(f)(x, w, b)
-    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
-    out_ref = f(*refs)
-    torch.testing.assert_close(out.double(), out_ref, rtol=1e-5, atol=1e-4)
-    grads = torch.autograd.grad((out * out).sum(), [x, w, b])
-    grads_ref = torch.autograd.grad((out_ref * out_ref).sum(), refs)
-    for g, gr in zip(grads, grads_ref):
-        torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-3)
+    _check_forward_backward(lambda x, w, b: F.conv2d(x, w, b, **kw), x, w, b)
 
 
 @pytest.mark.parametrize("kw", [{"stride": 2, "padding": 1, "output_padding": 1}, {},
@@ -111,12 +103,16 @@ def test_conv_transpose2d_forward_backward_matches_float64_eager(kw):
     x = torch.randn(2, 4, 5, 7, requires_grad=True)
     w = torch.randn(4, 6 // kw.get("groups", 1), 3, 3, requires_grad=True)
     b = torch.randn(6, requires_grad=True)
-    f = lambda x, w, b: F.conv_transpose2d(x, w, b, **kw)  # noqa: E731
-    out = neuron_compile(f)(x, w, b)
-    refs = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    _check_forward_backward(lambda x, w, b: F.conv_transpose2d(x, w, b, **kw), x, w, b)
+
+
+def _check_forward_backward(f, *args):
+    """f(*args) and the gradients of sum(f²) against float64 eager."""
+    out = neuron_compile(f)(*args)
+    refs = [t.detach().double().requires_grad_() for t in args]
     out_ref = f(*refs)
     torch.testing.assert_close(out.double(), out_ref, rtol=1e-5, atol=1e-4)
-    grads = torch.autograd.grad((out * out).sum(), [x, w, b])
+    grads = torch.autograd.grad((out * out).sum(), list(args))
     grads_ref = torch.autograd.grad((out_ref * out_ref).sum(), refs)
     for g, gr in zip(grads, grads_ref):
         torch.testing.assert_close(g.double(), gr, rtol=1e-4, atol=1e-3)
