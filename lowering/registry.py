@@ -92,25 +92,34 @@ def fusion_kind(op: object) -> str:
     return named[1] if named else _KINDS.get(op, "opaque")  # type: ignore[arg-type]
 
 
-_FAMILY_PATTERNS = [
-    ("conv", r"conv"),
-    ("pooling", r"pool"),
-    ("norm", r"norm"),
-    ("indexing", r"index|gather|scatter|take|put|embedding|masked|nonzero"),
-    ("reduction", r"sum|mean|prod|max|min|var|std|any|all|sort|topk|cum|arg|logsumexp|median|mode"),
-    ("matmul", r"mm|matmul|dot|linear|einsum|baddbmm|addmv|mv$"),
-    ("shape", r"view|reshape|permute|cat|slice|select|squeeze|expand|pad|flip|roll|split|stack|"
-              r"transpose|unfold|narrow|as_strided|repeat|tile|diag|tril|triu"),
-    ("random", r"rand|bernoulli|normal|uniform|multinomial|dropout|poisson"),
+# Where an op's support would go, by name pattern: a rule file of lowering/rules/, or for the
+# families we decompose instead (pooling, norms, linear algebra) the pass that holds them
+_FAMILY_PLACES = [
+    ("lowering/rules/conv.py", r"conv"),
+    ("passes/separable.py", r"pool"),
+    ("passes/decompose.py", r"norm"),
+    ("passes/linalg.py", r"^linalg_|^_linalg|matrix_exp|cholesky|^lu|qr$|svd|eig|solve|inverse|^det$|slogdet"),
+    ("lowering/rules/indexing.py", r"index|gather|scatter|take|put|embedding|masked|nonzero"),
+    ("lowering/rules/reduction.py", r"sum|mean|prod|max|min|var|std|any|all|sort|topk|cum|arg|logsumexp|median|mode"),
+    ("lowering/rules/matmul.py", r"mm|matmul|dot|linear|einsum|baddbmm|addmv|mv$"),
+    ("lowering/rules/shape.py", r"view|reshape|permute|cat|slice|select|squeeze|expand|pad|flip|roll|split|stack|"
+                                r"transpose|unfold|narrow|as_strided|repeat|tile|diag|tril|triu"),
+    ("passes/decompose.py", r"rand|bernoulli|normal|uniform|multinomial|dropout|poisson"),
 ]
 
 
 def rule_file_for(op: object) -> str:
-    """Where a rule for ``op`` would go (``lowering/rules/<family>.py``), for error messages."""
+    """Where support for ``op`` would go, for error messages: a ``lowering/rules/<family>.py``
+    file, or the pass whose decompositions cover its family (``passes/linalg.py`` for linear
+    algebra, ``passes/separable.py`` for pooling, ``passes/decompose.py`` for the rest)."""
     name = getattr(op, "__name__", str(op)).split(".")[0]
     tags = getattr(op, "tags", ())
     if torch.Tag.pointwise in tags:
         return "lowering/rules/elementwise.py"
+    for place, pat in _FAMILY_PLACES:
+        if re.search(pat, name):
+            return place
+    return "lowering/rules/elementwise.py"
     for fam, pat in _FAMILY_PATTERNS:
         if re.search(pat, name):
             return f"lowering/rules/{fam}.py"

@@ -21,7 +21,7 @@ class UnsupportedOp:
         op: the ATen overload name, e.g. ``aten.cumsum.default``.
         node: the FX node name, e.g. ``cumsum_1``.
         location: the user's ``file:line`` that produced the node, or ``<unknown>``.
-        rule_file: the ``lowering/rules/*.py`` file where its rule would go.
+        rule_file: where its rule or decomposition would go (``lowering/rules/*.py`` or a ``passes/`` file).
     """
 
     op: str
@@ -47,10 +47,10 @@ class UnsupportedOpsError(NeuronCompileError):
         for u in self.ops:
             # a reason (a dtype, a data-dependent size) says what to change; with none, the op has
             # no lowering rule and the hint says where one would go
-            why = f" ({u.reason})" if u.reason else f"; a lowering rule would go in {u.rule_file}"
+            why = f" ({u.reason})" if u.reason else f"; a lowering rule or a decomposition would go in {u.rule_file}"
             lines.append(f"  - {u.op} (FX node '{u.node}') at {u.location}{why}")
         lines.append("Rewrite these calls with supported ops, or add a lowering rule "
-                     "(@register_lowering in neuron_compile.lowering.rules).")
+                     "(@register_lowering in neuron_compile.lowering.rules) or a decomposition (passes/decompose.py).")
         super().__init__("\n".join(lines))
 
 
