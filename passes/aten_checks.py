@@ -24,33 +24,33 @@ aten = torch.ops.aten
 PROBED = frozenset({
     aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.addbmm.default,
     aten.mv.default, aten.addmv.default, aten.dot.default, aten.vdot.default,
-    aten._softmax.default, aten._log_softmax.default, aten.fill.Scalar,
+    aten._softmax.default, aten._log_softmax.default,
     # the same ops as Dynamo records them (the backend checks its graph before AOTAutograd decomposes
     # mv, matmul and softmax away; compile_graph checks ATen graphs from any source)
     torch.mm, torch.addmm, torch.bmm, torch.baddbmm, torch.addbmm, torch.mv, torch.addmv, torch.dot, torch.vdot,
     torch.matmul, operator.matmul, F.linear,
     torch.softmax, torch.log_softmax, F.softmax, F.log_softmax,    # not implemented for integer dtypes
-    torch.full, torch.full_like, torch.fill,                        # a fill value that overflows the dtype
 })
 PROBED_METHODS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
-                            "__matmul__", "softmax", "log_softmax", "fill_"})
+                            "__matmul__", "softmax", "log_softmax"})
+# Fills whose value must fit the dtype (uint8 300, float16 1e5). Probed on 2 elements: ATen's
+# one-element fill path skips the overflow check for float16/bfloat16.
+FILLS = frozenset({aten.fill.Scalar, aten.masked_fill.Scalar, torch.full, torch.full_like, torch.fill,
+                   torch.masked_fill})
+FILL_METHODS = frozenset({"fill_", "masked_fill", "masked_fill_", "new_full"})
+# Targets whose probe is not the op itself on the probe tensors: sizes become (2,)
+PROBE_WITH = {
+    torch.full: lambda size, value, *a, **k: torch.full((2,), value, *a, **k),
+    "new_full": lambda t, size, value, *a, **k: t.new_full((2,), value, *a, **k),
+}
 
 
-def _full_probe(size, fill_value, *args, **kwargs) -> torch.Tensor:
-    """``torch.full`` of a 0-d result: the value conversion checks without the allocation."""
-    return torch.full((), fill_value, *args, **kwargs)
-
-
-# Targets whose probe is not the op itself on all-ones tensors
-PROBE_WITH = {torch.full: _full_probe}
-
-
-def _probe(a: object) -> object:
+def _probe(a: object, fill: bool = False) -> object:
     if not isinstance(a, torch.fx.Node):
         return a
     val = a.meta.get("val", a.meta.get("example_value"))
     if isinstance(val, torch.Tensor):
-        return torch.ones([1] * val.dim(), dtype=val.dtype)
+        return torch.ones(2 if fill and val.dim() else [1] * val.dim(), dtype=val.dtype)
     return a
 
 
@@ -65,18 +65,21 @@ def check_arguments(gm: torch.fx.GraphModule) -> None:
 
     from neuron_compile.lowering.locations import user_location
     for n in gm.graph.nodes:
-        method = n.op == "call_method" and n.target in PROBED_METHODS
-        if not method and (n.op != "call_function" or n.target not in PROBED):
+        method = n.op == "call_method" and n.target in PROBED_METHODS | FILL_METHODS
+        if not method and (n.op != "call_function" or n.target not in PROBED | FILLS):
             continue
-        args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), _probe)
+        fill = n.target in FILL_METHODS | FILLS
+        args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: _probe(a, fill))
         if any(isinstance(a, torch.fx.Node) for a in args):
             continue  # an argument without a recorded value: nothing to probe with
         with unset_fake_temporarily():
             try:
-                if method:
+                if n.target in PROBE_WITH:
+                    PROBE_WITH[n.target](*args, **kwargs)
+                elif method:
                     getattr(args[0], n.target)(*args[1:], **kwargs)
                 else:
-                    PROBE_WITH.get(n.target, n.target)(*args, **kwargs)
+                    n.target(*args, **kwargs)
             except (RuntimeError, TypeError) as exc:
                 op = n.target if method else getattr(n.target, "__name__", str(n.target))
                 raise ArgumentCheckError(f"{exc}\n  (eager raises this too: {op}, FX node '{n.name}', at "

@@ -34,6 +34,10 @@ CASES = {
     "full uint8 with 300": (lambda x: x + torch.full((2,), 300, dtype=torch.uint8),
                             lambda: (torch.tensor([1, 2], dtype=torch.uint8),)),
     "full int8 with -129": (lambda x: x * torch.full_like(x, -129), lambda: (torch.tensor([1, 2], dtype=torch.int8),)),
+    "masked_fill uint8 with 300": (lambda x: x.masked_fill(x == 0, 300), lambda: (torch.zeros(3, dtype=torch.uint8),)),
+    "new_full uint8 with 256": (lambda x: x + x.new_full((3,), 256), lambda: (torch.zeros(3, dtype=torch.uint8),)),
+    "fill_ float16 with 1e5": (lambda x: x.clone().fill_(1e5), lambda: (torch.zeros(3, dtype=torch.float16),)),
+    "full bfloat16 with 1e39": (lambda x: x + torch.full((3,), 1e39, dtype=bf16), lambda: (torch.zeros(3, dtype=bf16),)),
 }
 
 
