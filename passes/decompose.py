@@ -8,6 +8,7 @@ or lowered, never both: ops that have a lowering rule are taken out of the core 
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from typing import Callable
 
@@ -225,9 +226,7 @@ def _masked_scatter_backward(grad, mask, sizes):
     """``source``'s gradient of :func:`_masked_scatter`: element k of the flattened source gets the
     gradient at the mask's k-th True position, 0 beyond the mask's count. An accumulating index_put
     into ``numel + 1`` slots, the last one collecting every position that feeds no source element."""
-    n = 1
-    for s in sizes:
-        n *= s
+    n = math.prod(sizes)
     m = mask.expand(grad.shape).reshape(-1)
     k = torch.cumsum(m.to(torch.int64), 0) - 1
     slot = torch.where(m & (k < n), k, n)
