@@ -31,13 +31,14 @@ def _cpu_flags() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _l2_bytes() -> int:
-    """Per-core L2 size from sysfs (``index2`` is the unified L2), 512 KiB if unknown."""
+def _cache(index: int, field: str, default: int) -> int:
+    """A field of cpu0's cache ``index`` from sysfs (``index0`` the L1 data cache, ``index2`` the
+    unified L2): ``size`` in bytes (``48K`` → 49152), ``ways_of_associativity``; ``default`` if unknown."""
     try:
-        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+        text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/{field}").read_text().strip()
         return int(text[:-1]) << {"K": 10, "M": 20}[text[-1]] if text[-1] in "KM" else int(text)
     except (OSError, ValueError, KeyError):
-        return 512 << 10
+        return default
 
 
 def isa_of(flags: frozenset[str]) -> str:
@@ -104,7 +105,8 @@ class HostCPU:
         from neuron_compile.codegen.strategy import TargetInfo
         isa = isa_of(_cpu_flags())
         bits = {"avx512": 512, "avx2": 256}.get(isa, 128)
-        return TargetInfo(isa, bits, 32 if isa == "avx512" else 16, _l2_bytes())
+        return TargetInfo(isa, bits, 32 if isa == "avx512" else 16, _cache(2, "size", 512 << 10),
+                          _cache(0, "size", 32 << 10), _cache(0, "ways_of_associativity", 8))
 
     def codegen(self, llvm_mlir: Path, workdir: Path, opt_level: int, timeout: float, profile: bool = False,
                 entry_c: str | None = None, jobs: int = 1) -> Path:

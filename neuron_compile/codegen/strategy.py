@@ -37,12 +37,16 @@ class TargetInfo:
         vector_bits: width of a SIMD register (512, 256, 128).
         vector_registers: architectural SIMD registers (32 with AVX-512, else 16).
         l2_bytes: level-2 cache per core.
+        l1_bytes, l1_ways: the level-1 data cache per core and its associativity (the GEMM's k-block
+            follows from them: :func:`~neuron_compile.codegen.strategies.matmul.l1_kc`).
     """
 
     isa: str = "avx2"
     vector_bits: int = 256
     vector_registers: int = 16
     l2_bytes: int = 512 << 10
+    l1_bytes: int = 32 << 10
+    l1_ways: int = 8
 
     def lanes(self, element_bytes: int) -> int:
         """Elements of ``element_bytes`` bytes in one SIMD register."""
@@ -50,7 +54,7 @@ class TargetInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {"isa": self.isa, "vector_bits": self.vector_bits, "vector_registers": self.vector_registers,
-                "l2_bytes": self.l2_bytes}
+                "l2_bytes": self.l2_bytes, "l1_bytes": self.l1_bytes, "l1_ways": self.l1_ways}
 
 
 @dataclass(frozen=True)

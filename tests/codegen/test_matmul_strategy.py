@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from neuron_compile.codegen import TargetInfo
-from neuron_compile.codegen.strategies.matmul import ISA_TABLE, GemmProblem, plan, regions, tile_time
+from neuron_compile.codegen.strategies.matmul import (ISA_TABLE, GemmProblem, fit_kc, l1_kc, plan, regions,
+                                                      tile_time)
 from neuron_compile.target import HostCPU
 from tests.conftest import neuron_compile
 from tests.ir.lower import lower
@@ -196,3 +197,44 @@ def test_small_m_takes_a_register_tile_that_divides_m(m):
     few rows: nn.Linear with M = 128 ran 5-10% slower on 6x16 tiles with a 2-row edge than on 4x16."""
     s = plan(GemmProblem(m, 3072, 768, 0, "float32", False, True, True, False), AVX2).params
     assert m % s["MR"] == 0 and s["MR"] in ISA_TABLE["avx2"]["MR_alt"]
+
+
+def test_k_block_follows_the_l1_model():
+    """KC from the BLIS L1 model (Low et al. 2016): for a 32 KB 8-way L1 one way is left for the A
+    micro-panel, so a 6x16 float32 tile gets 4096 / 24 = 170 -> 168 and a 4x16 one 256;
+    Sapphire Rapids' 48 KB 12-way L1 leaves two ways for 8x32 (256). KC 256 on 6x16 tiles ran
+    512^3 at 70-74% of torch.mm on Zen 3, 168 at about 90%."""
+    zen = TargetInfo("avx2", 256, 16, 512 << 10, 32 << 10, 8)
+    spr = TargetInfo("avx512", 512, 32, 2 << 20, 48 << 10, 12)
+    assert (l1_kc(6, 16, 4, zen), l1_kc(4, 16, 4, zen), l1_kc(8, 32, 4, spr)) == (168, 256, 256)
+    # the B micro-panel plus MR rows of A fit the ways the model gives them
+    for mr, nr, t in ((6, 16, zen), (4, 16, zen), (8, 32, spr), (12, 32, spr)):
+        kc = l1_kc(mr, nr, 4, t)
+        way = t.l1_bytes // t.l1_ways
+        assert -(-kc * nr * 4 // way) + -(-kc * mr * 4 // way) <= t.l1_ways - 1
+    s = plan(GemmProblem(512, 512, 512, 0, "float32", False, False, True, True), zen).params
+    assert s["MR"] == 6 and 512 % s["KC"] == 0 and s["KC"] <= 168
+
+
+@pytest.mark.parametrize("k,kc", [(512, 168), (1024, 168), (768, 168), (1000, 168), (50257, 256), (100, 168),
+                                  (4000, 256)])
+def test_k_blocks_are_even(k, kc):
+    """K in blocks of at most KC, none of them a short tail: a divisor of K when one is at least
+    KC/2, else equal blocks (a last block of 8 would pay a whole C update for 8 k steps)."""
+    b = fit_kc(k, kc)
+    assert 0 < b <= max(kc, k if k <= kc else 0) and (b % 8 == 0 or b == k)
+    blocks = [min(b, k - i) for i in range(0, k, b)]
+    assert sum(blocks) == k and min(blocks) >= b // 2 or len(blocks) == 1
+
+
+@pytest.mark.parametrize("trans_a,k", [(True, 512), (True, 1000), (False, 1024)])
+def test_a_packed_register_tile_has_a_power_of_two_rows(trans_a, k):
+    """A packed 6-row A tile is one vector<6xf32> read that LLVM splits 4 + 2 and shuffles, one
+    register too many for the 6x16 tile: an accumulator spilled in the k loop (A.T@B at 1024^3 on
+    Zen 3: 48 GFLOP/s on 6x16 tiles, 67 on 4x16). Unpacked (A@B, K contiguous) 6 rows stay."""
+    s = plan(GemmProblem(1020, 1024, k, 0, "float32", trans_a, False, not trans_a, True), AVX2).params
+    if s["pack_a"]:
+        assert s["MR"] & (s["MR"] - 1) == 0
+    else:
+        assert s["MR"] == 6
+    assert s["pack_a"] == trans_a

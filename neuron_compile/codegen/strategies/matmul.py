@@ -99,6 +99,7 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     t = ISA_TABLE[target.isa]
     wide = p.dtype == "float64"
     vl = t["VL"] // (2 if wide else 1)
+    t = {**t, "MR_alt": register_tile_candidates(p, t)}
     mr = register_rows(p.m, t, small=p.m <= t["MC_small"])
     q: dict[str, Any] = dict(VL=vl, MR=mr, NR=t["NR"] // (2 if wide else 1), MC=t["MC"], NC=t["NC"], KC=t["KC"])
     if p.m <= 3 and p.b_n_contiguous and not p.batch:
@@ -125,13 +126,55 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
             return (round(static_balance(mb, nb, (2,)), 2), -round(tile_time(p.m, c[0], t), 1), c[1] == p.m,
                     round(static_balance(mb, nb, (4,)), 2))
         q["MR"], q["MC"], q["NC"] = max(cands, key=score)
-    # A is streamed unpacked when K is its unit-stride dim (MR row streams); else every k step
-    # would touch a new line (0.66x): pack it. Eight or more unpacked rows 4 KB apart alias one
-    # L1 set, so those are packed too.
-    q["pack_a"] = not p.a_k_contiguous or (q["MR"] >= 8 and (p.k * (8 if wide else 4)) % 4096 == 0)
+    # A is streamed unpacked when K is its unit-stride dim (MR row streams): see _a_packed
+    q["pack_a"] = _a_packed(p, q["MR"])
     if p.batch:  # one block per matrix: the batch is the forall
         q.update(MC=p.m, NC=max(p.n, q["NR"]), fuse_pack_b=True)
+    q["KC"] = min(t["KC"], l1_kc(q["MR"], q["NR"], 8 if wide else 4, target))
     return _finish(q, p, overrides)
+
+
+def _a_packed(p: GemmProblem, mr: int) -> bool:
+    """Whether A is packed for register tiles of ``mr`` rows: when K is not its unit-stride dim
+    (an unpacked read would touch a new line every k step: 0.66x), or when eight or more rows
+    4 KB apart would alias one L1 set."""
+    return not p.a_k_contiguous or (mr >= 8 and (p.k * (8 if p.dtype == "float64" else 4)) % 4096 == 0)
+
+
+def register_tile_candidates(p: GemmProblem, t: Mapping[str, Any]) -> tuple[int, ...]:
+    """The table's ``MR_alt`` without the row counts that are not a power of two where A would be
+    packed for them. A packed A tile of 6 rows is read as one ``vector<6xf32>``; LLVM splits it
+    into a 4- and a 2-element load and shuffles the pair into broadcasts, one register more than
+    the 6x16 tile has, so an accumulator spills to the stack inside the k loop (seen in the
+    objdump; measured on Zen 3, 1 thread: 1024^3 with A packed 46.5 GFLOP/s on 6x16 tiles,
+    63.1 on 4x16; ``A.T@B`` 48 against 67). Unpacked, the 6 rows are separate broadcasts."""
+    keep = tuple(r for r in t["MR_alt"] if r & (r - 1) == 0 or not _a_packed(p, r))
+    return keep or tuple(t["MR_alt"])
+
+
+def l1_kc(mr: int, nr: int, elem: int, target: TargetInfo) -> int:
+    """The k-block from the L1 model of BLIS (Low, Igual, Smith, Quintana-Orti, *Analytical Modeling
+    Is Enough for High-Performance BLIS*, TOMS 2016, eq. 2): the B micro-panel (KC x NR) stays in
+    L1 across the A micro-panels (MR x KC) streamed past it when B takes at most ``W - 1 - C_A``
+    of the ``W`` ways, with ``C_A = floor((W - 1) / (1 + NR/MR))`` ways for A:
+    ``KC = C_A x (L1 / W) / (MR x elem)``, rounded down to a multiple of 8 (units: elements;
+    ``elem`` bytes each). A 32 KB 8-way L1 gives 168 for 6x16 float32 tiles and 256 for 4x16;
+    Sapphire Rapids' 48 KB 12-way 256 for 8x32. Measured on Zen 3 at 512^3, 1 thread: KC 256
+    (the table's until 2026-12) 70-74% of torch.mm on 6x16 tiles, 128-168 89-92%."""
+    ways = max(1, target.l1_ways)
+    c_a = max(1, (ways - 1) * mr // (mr + nr))
+    kc = c_a * (target.l1_bytes // ways) // (mr * elem)
+    return max(8, kc - kc % 8)
+
+
+def fit_kc(k: int, kc: int) -> int:
+    """A k-block of at most ``kc`` for K: K itself if it fits; else the largest multiple of 8 in
+    [kc/2, kc] that divides K, else the largest one whose last block is at least half a block (a
+    last block of a few k steps would pay a whole C update for them), else ``kc``."""
+    if k <= kc:
+        return k
+    cands = range(kc - kc % 8, max(8, kc // 2) - 1, -8)
+    return next((c for c in cands if k % c == 0), None) or next((c for c in cands if k % c >= c // 2), kc)
 
 
 def register_rows(m: int, t: Mapping[str, Any], small: bool = False) -> int:
@@ -204,7 +247,7 @@ def static_balance(m_blocks: Sequence[int], n_blocks: Sequence[int], threads: Se
 
 def _finish(q: dict[str, Any], p: GemmProblem, overrides: Mapping[str, Any] | None) -> Schedule:
     q.update(overrides or {})
-    kc = min(q["KC"], p.k)
+    kc = min(q["KC"], p.k) if "KC" in (overrides or {}) else fit_kc(p.k, q["KC"])
     if q["fuse_pack_b"] and p.k % kc:  # a fused pack needs static tiles: KC must divide K
         kc = next((c for c in range(kc - kc % 8, 7, -8) if p.k % c == 0), None)
         if kc is None:
