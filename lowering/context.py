@@ -64,6 +64,20 @@ class BodyBuilder(ScalarBuilder):
         return s
 
 
+@dataclass(frozen=True)
+class RegionView:
+    """One region of a GEMM's C (:func:`neuron_compile.lowering.gemm.emit_gemm`): its register-tile
+    view was written at ``body.lines[line]`` as ``name``; ``value`` (type ``shape``, 4-D or
+    batched 5-D) is its result, at ``offsets`` of the 2-D (or batched) C, grouped into C's dims
+    by ``groups``."""
+
+    line: int
+    name: str
+    value: TensorValue
+    offsets: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+
+
 @dataclass
 class FunctionBody:
     """The growing body of the one ``func.func`` a graph lowers to.
@@ -87,6 +101,9 @@ class FunctionBody:
     # graph output is then materialized as that value into the output memref's expand_shape, so
     # eliminate-empty-tensors (which follows same-type values only) writes it in place
     collapsed_views: dict[str, tuple[TensorValue, list[list[int]]]] = field(default_factory=dict)
+    # a GEMM's C assembled from several regions (edge tiles): per region, what storing it as a graph
+    # output in place needs (lowering/emit.py _store_output)
+    region_views: dict[str, list["RegionView"]] = field(default_factory=dict)
     init_uses: dict[str, int] = field(default_factory=dict)  # value → times used as a destination (outs)
     target: TargetInfo | None = None  # for strategies that shape the payload (matmul)
     overrides: dict[str, Schedule] = field(default_factory=dict)  # parsed NEURON_SCHEDULE

@@ -18,6 +18,7 @@ import torch
 
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategies.matmul import GemmProblem, regions
+from neuron_compile.lowering.context import RegionView
 from neuron_compile.lowering.ir import TensorValue, reassociation, storage_type, tensor_type
 
 
@@ -110,6 +111,7 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
         c = init
         ctx.body.used_as_init(init)
     regs = regions(m, n, params)
+    views: list[RegionView] = []
     # one region covering C and no initial C: C is created in its 4-D register-tile view, so a
     # graph output can be written in place (FunctionBody.collapsed_views)
     whole = len(regs) == 1 and init is None and (regs[0].m1 * regs[0].mr, regs[0].n1 * regs[0].nr) == (m, n)
@@ -136,6 +138,7 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
         c4_groups = keep_b + [[nb, nb + 1], [nb + 2, nb + 3]]
         region_c = w.slice(c, c_off, c2)
         view = w.line(f"tensor.empty() : {w.ty(c4)}", c4) if whole else w.expand(region_c, c4_groups, c4)
+        view_line = len(ctx.body.lines) - 1
         c_map = bd + ["m1", "m0", "n1", "n0"]
         if bias is not None:
             bv = w.expand(w.slice(bias, [r.nlo], [cols]), [[0, 1]], [r.n1, r.nr])
@@ -167,11 +170,15 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
         flat = w.collapse(prod, c4_groups, c2)
         if whole and flat is not prod:
             ctx.body.collapsed_views[flat.name] = (prod, c4_groups)
+        elif init is None and view is not region_c:
+            views.append(RegionView(view_line, view.name, prod, tuple(c_off), tuple(map(tuple, c4_groups))))
         if region_c is c:
             c = flat
         else:
             c = w.line(f"tensor.insert_slice {flat.name} into {c.name}[{_j(c_off)}] [{_j(c2)}] [{_j([1] * len(c2))}] "
                        f": {flat.type} into {c.type}", c_shape)
+    if len(views) == len(regs) > 1:
+        ctx.body.region_views[c.name] = views
     ops = ctx._provenance()
     operands = [ctx.body.operand(a), ctx.body.operand(b)] + ([ctx.body.operand(bias)] if bias is not None else [])
     ctx.body.add_kernel(KernelInfo(kid, "matmul", (p.batch or 1, m, n, k), (), tuple(operands) + (
