@@ -249,3 +249,16 @@ def test_a_packed_register_tile_has_a_power_of_two_rows(trans_a, k):
     else:
         assert s["MR"] == 6
     assert s["pack_a"] == trans_a
+
+
+def test_an_edge_region_in_one_block_is_vectorized(tmp_path):
+    """A region that is one forall block (the 4-row M edge of 514 rows in 6-row tiles, N = 136 in
+    one block) is tiled into two, so canonicalization cannot fold its forall away with the nest
+    the GEMM cleanup vectorizes: it ran as scalar loops with a partial-accumulator malloc per
+    micro-tile (6 allocations in the library instead of the pack and one corner tile)."""
+    a, b = torch.randn(514, 256), torch.randn(256, 136)
+    out = neuron_compile(lambda a, b: a @ b, options={"dump_dir": str(tmp_path), "cache": False})(a, b)
+    ref = a.double() @ b.double()
+    assert (out.double() - ref).abs().max() <= 2 * (a @ b - ref).abs().max() + 1e-5
+    ll = "".join(p.read_text() for p in tmp_path.rglob("*.obj.ll"))
+    assert 1 <= ll.count("call ptr @_mlir_memref_to_llvm_alloc(") <= 2

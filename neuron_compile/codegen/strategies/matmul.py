@@ -167,6 +167,11 @@ def l1_kc(mr: int, nr: int, elem: int, target: TargetInfo) -> int:
     return max(8, kc - kc % 8)
 
 
+def _proper_divisor(n: int) -> int:
+    """The largest divisor of ``n`` below ``n`` (1 for a prime)."""
+    return next(d for d in range(n // 2, 0, -1) if n % d == 0)
+
+
 def fit_kc(k: int, kc: int) -> int:
     """A k-block of at most ``kc`` for K: K itself if it fits; else the largest multiple of 8 in
     [kc/2, kc] that divides K, else the largest one whose last block is at least half a block (a
@@ -391,6 +396,14 @@ class MatmulTiled:
             i = r.idx
             mct = max(1, min(r.m1, q["MC"] // r.mr if r.m1 > 1 else 1))
             nct = max(1, min(r.n1, q["NC"] // r.nr if r.n1 > 1 else 1))
+            if mct >= r.m1 and nct >= r.n1 and not p.batch:
+                # one block: canonicalization folds a one-iteration forall away, and with it the
+                # nest GEMM_CLEANUP vectorizes (an N edge of nn.Linear with M <= 256 ran as scalar
+                # loops with an accumulator malloc per micro-tile); two blocks or more keep it
+                if r.n1 > 1:
+                    nct = _proper_divisor(r.n1)
+                elif r.m1 > 1:
+                    mct = _proper_divisor(r.m1)
             mm, init = part(f"gemm_r{i}", "linalg.generic"), part(f"init_r{i}")
             t0, forall = w.tile_forall(mm, one + [mct, nct, 0, 0, 0])
             w.annotate(forall, "neuron.root", k.id)
