@@ -24,7 +24,8 @@ into registers. With M ≤ 256 (or batched), B is packed inside the k-block loop
 pack its own ``scf.forall``.
 
 Tile sizes come from :data:`ISA_TABLE` (register tile MR×NR = 12 or 8 accumulators of 16 ymm;
-KC·NR·4 = 16 KB of L1; MC·KC in L2). Measured on Zen 1, 1 thread, against torch.mm (MKL):
+MC·KC in L2), the k-block from the host's L1 geometry (:func:`l1_kc`, the BLIS model: the table's
+KC is an upper bound). Measured on Zen 1, 1 thread, against torch.mm (MKL):
 0.96–1.04 at 512/1024/2048 in all three layouts, 1.02 on GPT-2's LM head (1000×50257×768),
 1.07–1.09 on attention's batched matmuls, 1.06–1.23 on nn.Linear shapes with M = 128.
 """
@@ -173,13 +174,23 @@ def _proper_divisor(n: int) -> int:
 
 
 def fit_kc(k: int, kc: int) -> int:
-    """A k-block of at most ``kc`` for K: K itself if it fits; else the largest multiple of 8 in
+    """A k-block for K near ``kc``: K itself if it fits; else the largest multiple of 8 in
     [kc/2, kc] that divides K, else the largest one whose last block is at least half a block (a
-    last block of a few k steps would pay a whole C update for them), else ``kc``."""
+    last block of a few k steps would pay a whole C update for them), else ``kc``.
+
+    Never two or three equal blocks: ``opt`` fully unrolls a k-block loop of 2 or 3 trips (the
+    whole nest duplicated: 48 or 72 FMAs in the library instead of 24) and the unrolled code ran at
+    26-54 GFLOP/s instead of 70 (Zen 3, 1024x768 by K = 256 and 384). Then one block when K is at
+    most ``2 kc``, else four or more (measured at K = 384: 96 x 4 within 3% of one block)."""
     if k <= kc:
         return k
     cands = range(kc - kc % 8, max(8, kc // 2) - 1, -8)
-    return next((c for c in cands if k % c == 0), None) or next((c for c in cands if k % c >= c // 2), kc)
+    c = next((c for c in cands if k % c == 0), None) or next((c for c in cands if k % c >= c // 2), kc)
+    if k % c == 0 and k // c in (2, 3):
+        if k <= 2 * kc:
+            return k
+        c = next((d for d in range(k // 4 - (k // 4) % 8, 7, -8) if k % d == 0), -(-k // 32) * 8)
+    return c
 
 
 def register_rows(m: int, t: Mapping[str, Any], small: bool = False) -> int:
