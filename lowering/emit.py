@@ -27,8 +27,8 @@ from neuron_compile.errors import (DynamicShapeError, LoweringError, NeuronCompi
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import Schedule, TargetInfo
 from neuron_compile.lowering.context import PROFILE_TICK, FunctionBody, LoweringContext, RegionView
-from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, reassociation, storage_type,
-                                       supported_dtype, tensor_bytes, tensor_type)
+from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, reassociation, supported_dtype,
+                                       tensor_bytes, tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.lazy import LazyTensor
 from neuron_compile.lowering.registry import fusion_kind, get_lowering, rule_file_for
@@ -239,15 +239,14 @@ def _store_regions(body: FunctionBody, views: list[RegionView], dest: str, mt: s
         body.lines[r.line] = f"    {r.name} = tensor.empty() : {r.value.type}{loc}"
         sizes = [math.prod(r.value.shape[i] for i in g) for g in r.groups]
         offset = sum(o * st for o, st in zip(r.offsets, strides))
-        sub_t = f"memref<{'x'.join(map(str, sizes))}x{storage_type(spec.dtype)}, strided<[{', '.join(map(str, strides))}], offset: {offset}>>"
+        sub_t = memref_type(tuple(sizes), spec.dtype, strides, offset)
         view_strides = [0] * len(r.value.shape)
         for g, st in zip(r.groups, strides):
             acc = st
             for i in reversed(g):
                 view_strides[i] = acc
                 acc *= r.value.shape[i]
-        view_t = (f"memref<{'x'.join(map(str, r.value.shape))}x{storage_type(spec.dtype)}, "
-                  f"strided<[{', '.join(map(str, view_strides))}], offset: {offset}>>")
+        view_t = memref_type(r.value.shape, spec.dtype, tuple(view_strides), offset)
         sub, view = body.namer("osub"), body.namer("oview")
         lines += [f"    {sub} = memref.subview {dest}[{', '.join(map(str, r.offsets))}] [{', '.join(map(str, sizes))}] "
                   f"[{', '.join('1' for _ in sizes)}] : {mt} to {sub_t}",

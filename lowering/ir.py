@@ -58,12 +58,15 @@ def tensor_type(shape: tuple[int, ...], dtype: torch.dtype) -> str:
     return f"tensor<{dims}{storage_type(dtype)}>"
 
 
-def memref_type(shape: tuple[int, ...], dtype: torch.dtype, strides: tuple[int, ...]) -> str:
-    """A memref with the exact element strides of a torch tensor (identity layout if contiguous)."""
+def memref_type(shape: tuple[int, ...], dtype: torch.dtype, strides: tuple[int, ...],
+                offset: int | None = None) -> str:
+    """A memref with the exact element strides of a torch tensor (identity layout if contiguous and
+    no ``offset`` is given; a subview's type carries its static ``offset`` in elements)."""
     dims = "".join(f"{d}x" for d in shape)
-    if tuple(strides) == contiguous_strides(shape):
+    if offset is None and tuple(strides) == contiguous_strides(shape):
         return f"memref<{dims}{storage_type(dtype)}>"
-    return f"memref<{dims}{storage_type(dtype)}, strided<[{', '.join(map(str, strides))}]>>"
+    off = "" if offset is None else f", offset: {offset}"
+    return f"memref<{dims}{storage_type(dtype)}, strided<[{', '.join(map(str, strides))}]{off}>>"
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
