@@ -84,9 +84,20 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
     zero_b = [0] * nb
     keep_b = [[i] for i in range(nb)]
 
+    trans_a = p.trans_a
+    if params.get("transpose_a"):   # At [K, M] → A [M, K], K contiguous (see matmul.a_layout)
+        dims2 = bd2 = (["b"] if nb else []) + ["m", "k"]
+        a_shape = bp + [m, k]
+        dest = w.line(f"tensor.empty() : {w.ty(a_shape)}", a_shape)
+        et = storage_type(a.dtype)
+        a = w.line(f"linalg.generic {{indexing_maps = [{_map(dims2, bd2[:nb] + ['k', 'm'])}, {_map(dims2, bd2)}], "
+                   f"iterator_types = [{_its(['parallel'] * len(dims2))}], {w.tag('transA')}}} "
+                   f"ins({a.name} : {a.type}) outs({dest.name} : {dest.type}) {{\n"
+                   f"    ^bb0(%x: {et}, %o: {et}):\n      linalg.yield %x : {et}\n    }} -> {dest.type}", a_shape)
+        trans_a = False
     packed_a = packed_b = None
     if params["pack_a"] and m1:
-        if p.trans_a:   # At [K, M] → Ap [M/MR, K, MR]
+        if trans_a:   # At [K, M] → Ap [M/MR, K, MR]
             src = w.slice(a, zero_b + [0, 0], bp + [k, mm])
             packed_a = w.pack(src, "packA", list(range(nb)) + [nb + 1, nb], nb + 1, mr, bp + [m1, k, mr])
         else:           # A [M, K] → Ap
@@ -119,7 +130,7 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
         rows, cols = r.m1 * r.mr, r.n1 * r.nr
         if r.a_packed:
             a_op, a_map = packed_a, bd + ["m1", "k", "m0"]
-        elif p.trans_a:
+        elif trans_a:
             s = w.slice(a, zero_b + [0, r.mlo], bp + [k, rows])
             a_op, a_map = w.expand(s, keep_b + [[nb], [nb + 1, nb + 2]], bp + [k, r.m1, r.mr]), bd + ["k", "m1", "m0"]
         else:

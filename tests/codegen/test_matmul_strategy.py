@@ -97,8 +97,10 @@ def test_plan_is_data_and_regions_cover_c_exactly():
         covered[r.mlo:r.mlo + r.m1 * r.mr, r.nlo:r.nlo + r.n1 * r.nr] += 1
         assert r.nr in (16, 8, 4, 2, 1)
     assert bool((covered == 1).all())
-    # A given transposed in memory is packed; the M <= 256 case packs B inside the k-block loop
-    assert plan(GemmProblem(512, 512, 512, 0, "float32", True, False, False, True), AVX2).params["pack_a"]
+    # A given transposed in memory is packed or copied K-contiguous; the M <= 256 case packs B
+    # inside the k-block loop
+    tn = plan(GemmProblem(512, 512, 512, 0, "float32", True, False, False, True), AVX2).params
+    assert tn["pack_a"] or tn["transpose_a"]
     assert plan(GemmProblem(128, 768, 3072, 0, "float32", False, True, True, False), AVX2).params["fuse_pack_b"]
 
 
@@ -241,16 +243,35 @@ def test_k_blocks_are_even(k, kc):
 
 
 @pytest.mark.parametrize("trans_a,k", [(True, 512), (True, 1000), (False, 1024)])
-def test_a_packed_register_tile_has_a_power_of_two_rows(trans_a, k):
+def test_a_register_tile_of_six_rows_is_never_read_packed(trans_a, k):
     """A packed 6-row A tile is one vector<6xf32> read that LLVM splits 4 + 2 and shuffles, one
     register too many for the 6x16 tile: an accumulator spilled in the k loop (A.T@B at 1024^3 on
-    Zen 3: 48 GFLOP/s on 6x16 tiles, 67 on 4x16). Unpacked (A@B, K contiguous) 6 rows stay."""
+    Zen 3: 48 GFLOP/s on 6x16 tiles, 67 on 4x16). A stored [K, M] is copied K-contiguous for
+    6-row tiles (then read like A@B's); a packed tile has a power-of-two row count."""
     s = plan(GemmProblem(1020, 1024, k, 0, "float32", trans_a, False, not trans_a, True), AVX2).params
+    assert not (s["pack_a"] and s["transpose_a"])
     if s["pack_a"]:
         assert s["MR"] & (s["MR"] - 1) == 0
-    else:
-        assert s["MR"] == 6
-    assert s["pack_a"] == trans_a
+    assert s["MR"] == 6 and s["transpose_a"] == trans_a and not s["pack_a"]
+    # the transposed copy's tiles divide M and K (static vector shapes)
+    if trans_a:
+        tm, tk = s["transpose_tile"]
+        assert 1020 % tm == 0 and k % tk == 0 and 1020 % s["transpose_forall"] == 0
+        assert s["transpose_forall"] % tm == 0
+
+
+@pytest.mark.parametrize("m,n,k,batch", [(1024, 1024, 1024, 0), (514, 136, 192, 0), (514, 136, 192, 3),
+                                         (90, 40, 33, 0), (90, 40, 33, 2)])
+def test_transposed_a_matches_float64(m, n, k, batch):
+    """A.T@B through the K-contiguous copy of A (6-row tiles), odd shapes included, against
+    eager float64."""
+    bs = (batch,) if batch else ()
+    a, b = torch.randn(*bs, k, m), torch.randn(*bs, k, n)
+    fn = (lambda a, b: a.transpose(-1, -2) @ b)
+    out = neuron_compile(fn, options={"cache": False})(a, b)
+    ref = fn(a.double(), b.double())
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4 * k ** 0.5)
 
 
 def test_an_edge_region_in_one_block_is_vectorized(tmp_path):

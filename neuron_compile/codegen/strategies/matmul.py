@@ -6,7 +6,9 @@ schedule *while* lowering a matmul (as Inductor picks a GEMM template in ``tuned
 the form the schedule needs (``lowering/gemm.py``):
 
 - B (and A when it is not K-contiguous in memory) is packed with ``linalg.pack`` into micro-panels
-  ``Bp[N/NR, K, NR]`` / ``Ap[M/MR, K, MR]``; an unpacked operand is only an ``expand_shape`` view;
+  ``Bp[N/NR, K, NR]`` / ``Ap[M/MR, K, MR]``, except that a stored ``[K, M]`` A read by 6-row tiles
+  is copied once into a K-contiguous ``[M, K]`` (:func:`a_layout`); an unpacked operand is only an
+  ``expand_shape`` view;
 - C is viewed as ``C4[M/MR, MR, N/NR, NR]`` and computed by one 5-D contraction generic per
   *region*: the full MR×NR tiles, then an M edge and N edges in power-of-two widths (8, 4, 2, 1):
   every micro-kernel has static vector shapes, with no padding and no masks (a 24-wide accumulator
@@ -106,7 +108,8 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     if p.m <= 3 and p.b_n_contiguous and not p.batch:
         # GEMV-like: nothing reuses a packed B (the pack would double the traffic); MR = M and a
         # wide NR for enough independent accumulators
-        q.update(MR=p.m, NR=(8 if p.m == 1 else 4) * vl, pack_a=False, pack_b=False, fuse_pack_b=False, MC=p.m)
+        q.update(MR=p.m, NR=(8 if p.m == 1 else 4) * vl, pack_a=False, transpose_a=False, pack_b=False, fuse_pack_b=False,
+                 MC=p.m)
         return _finish(q, p, overrides)
     small_m = p.m <= t["MC_small"]
     q.update(pack_b=True, fuse_pack_b=small_m)
@@ -127,8 +130,10 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
             return (round(static_balance(mb, nb, (2,)), 2), -round(tile_time(p.m, c[0], t), 1), c[1] == p.m,
                     round(static_balance(mb, nb, (4,)), 2))
         q["MR"], q["MC"], q["NC"] = max(cands, key=score)
-    # A is streamed unpacked when K is its unit-stride dim (MR row streams): see _a_packed
-    q["pack_a"] = _a_packed(p, q["MR"])
+    # A is streamed unpacked when K is its unit-stride dim (MR row streams), else packed or
+    # transposed into a K-contiguous copy: see a_layout
+    layout = a_layout(p, q["MR"])
+    q["pack_a"], q["transpose_a"] = layout == "pack", layout == "transpose"
     if p.batch:  # one block per matrix: the batch is the forall
         q.update(MC=p.m, NC=max(p.n, q["NR"]), fuse_pack_b=True)
     q["KC"] = min(t["KC"], l1_kc(q["MR"], q["NR"], 8 if wide else 4, target))
@@ -142,14 +147,32 @@ def _a_packed(p: GemmProblem, mr: int) -> bool:
     return not p.a_k_contiguous or (mr >= 8 and (p.k * (8 if p.dtype == "float64" else 4)) % 4096 == 0)
 
 
+def _pow2(r: int) -> bool:
+    return r & (r - 1) == 0
+
+
+def a_layout(p: GemmProblem, mr: int) -> str:
+    """How the micro-kernel reads A for register tiles of ``mr`` rows: ``"stream"`` (A as stored,
+    K contiguous), ``"pack"`` (micro-panels ``Ap[M/MR, K, MR]``, see :func:`_a_packed`) or
+    ``"transpose"`` (a stored ``[K, M]`` A copied once into a K-contiguous ``[M, K]``, then
+    streamed like ``A@B``'s).
+
+    A packed tile of a row count that is not a power of two is read as one ``vector<6xf32>``:
+    LLVM splits it into a 4- and a 2-element load and shuffles the pair into broadcasts, one
+    register more than the 6x16 tile has, so an accumulator spills inside the k loop (seen in the
+    objdump; Zen 3, 1 thread, ``A.T@B`` 1024^3: 48 GFLOP/s on packed 6x16 tiles, 67 on 4x16).
+    Streamed, the 6 rows are 6 broadcasts from memory and the 12-accumulator tile runs at the
+    ``A@B`` rate, so ``A.T@B`` with 6-row tiles takes the transposed copy (same traffic as a pack).
+    """
+    if not _a_packed(p, mr):
+        return "stream"
+    return "transpose" if p.trans_a and not p.a_k_contiguous and not _pow2(mr) else "pack"
+
+
 def register_tile_candidates(p: GemmProblem, t: Mapping[str, Any]) -> tuple[int, ...]:
     """The table's ``MR_alt`` without the row counts that are not a power of two where A would be
-    packed for them. A packed A tile of 6 rows is read as one ``vector<6xf32>``; LLVM splits it
-    into a 4- and a 2-element load and shuffles the pair into broadcasts, one register more than
-    the 6x16 tile has, so an accumulator spills to the stack inside the k loop (seen in the
-    objdump; measured on Zen 3, 1 thread: 1024^3 with A packed 46.5 GFLOP/s on 6x16 tiles,
-    63.1 on 4x16; ``A.T@B`` 48 against 67). Unpacked, the 6 rows are separate broadcasts."""
-    keep = tuple(r for r in t["MR_alt"] if r & (r - 1) == 0 or not _a_packed(p, r))
+    packed for them (see :func:`a_layout`: such a packed tile spills an accumulator)."""
+    keep = tuple(r for r in t["MR_alt"] if _pow2(r) or a_layout(p, r) != "pack")
     return keep or tuple(t["MR_alt"])
 
 
@@ -278,7 +301,17 @@ def _finish(q: dict[str, Any], p: GemmProblem, overrides: Mapping[str, Any] | No
         q[f"pack_tile_{side}"] = pt
         q[f"pack_forall_{side}"] = next((c for c in range(max(pt, 8 // pt * pt), 0, -pt) if count % c == 0), pt) \
             if count else pt
+    if q.get("transpose_a"):
+        # the copy At [K, M] -> A [M, K] in tiles of up to 8 x 8 (a transposed vector read each),
+        # rows in forall blocks of up to 64 that divide M (static tiles for the threads)
+        tm, tk = _largest_divisor(p.m, 8), _largest_divisor(p.k, 8)
+        q["transpose_tile"] = [tm, tk]
+        q["transpose_forall"] = next(c for c in range(min(p.m, 64) // tm * tm, 0, -tm) if p.m % c == 0)
     return Schedule("matmul", {"problem": asdict(p), **q})
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return next(d for d in range(min(n, at_most), 0, -1) if n % d == 0)
 
 
 @dataclass(frozen=True)
@@ -339,7 +372,9 @@ def _inside_gemm_nests(what: str, name: str) -> str:
 # missed folds the schedule needs: 3.8 against 32.5 GFLOP/s): kill untiled originals (toolchain trap
 # 6); fold unit dims so each tile is a 2-D outer-product update keeping fastmath<contract> (→ FMA);
 # vectorize the ops of the GEMM nests only; hoist the accumulators into registers; lower transposes
-# (packing) and broadcasts, each group in its own apply_patterns (trap 7). Unit-dim folding rebuilds
+# (packing; 8x8 float32 ones as MLIR's AVX2 shuffle sequence: A.T@B 1024^3's A copy in 8x8 tiles
+# took 37.3 ms with the elementwise lowering against 34.8, A@B's time, so) and broadcasts, each group in
+# its own apply_patterns (trap 7). Unit-dim folding rebuilds
 # generics without their tags, so it runs after every other kernel's sequence (``order``).
 GEMM_CLEANUP = "\n".join([
     f'    %gf = transform.structured.match ops{{["func.func"]}} attributes {{neuron.code}} in %root : ({ANY}) -> {ANY}',
@@ -368,7 +403,7 @@ GEMM_CLEANUP = "\n".join([
     f"      transform.loop.hoist_loop_invariant_subsets %l : {ANY}",
     "    }",
     f"    transform.apply_patterns to %gf {{ transform.apply_patterns.canonicalization }} : {ANY}",
-    f'    transform.apply_patterns to %gf {{ transform.apply_patterns.vector.lower_transpose lowering_strategy = "eltwise" }} : {ANY}',
+    f'    transform.apply_patterns to %gf {{ transform.apply_patterns.vector.lower_transpose lowering_strategy = "eltwise" avx2_lowering_strategy = true }} : {ANY}',
     f"    transform.apply_patterns to %gf {{ transform.apply_patterns.vector.lower_broadcast "
     f"transform.apply_patterns.vector.lower_shape_cast }} : {ANY}",
 ])
@@ -434,6 +469,12 @@ class MatmulTiled:
             w(f"{', '.join(parts)} = transform.structured.tile_reduction_using_for {tm} by tile_sizes = "
               f"{z + [0, 0, 1, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
             w.tile_for(fused_init, z + [1, 0, 1, 0])
+        if q.get("transpose_a"):
+            tr = part("transA", "linalg.generic")
+            ft, fl = w.tile_forall(tr, one + [q["transpose_forall"], 0])
+            w.annotate(fl, "neuron.root", k.id)
+            w.annotate(fl, "neuron.gemm", 1)
+            w.tile_for(ft, z + q["transpose_tile"])
         kt = 8 if p.k % 8 == 0 else 1
         for side in ("a", "b"):
             if not q[f"pack_{side}"] or (side == "b" and q["fuse_pack_b"]):
