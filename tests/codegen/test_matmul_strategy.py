@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from neuron_compile.codegen import TargetInfo
-from neuron_compile.codegen.strategies.matmul import (ISA_TABLE, GemmProblem, fit_kc, l1_kc, plan, regions,
+from neuron_compile.codegen.strategies.matmul import (ISA_TABLE, GemmProblem, a_layout, fit_kc, l1_kc, plan, regions,
                                                       tile_time)
 from neuron_compile.target import HostCPU
 from tests.conftest import neuron_compile
@@ -258,6 +258,16 @@ def test_a_register_tile_of_six_rows_is_never_read_packed(trans_a, k):
         tm, tk = s["transpose_tile"]
         assert 1020 % tm == 0 and k % tk == 0 and 1020 % s["transpose_forall"] == 0
         assert s["transpose_forall"] % tm == 0
+
+
+def test_a_copy_is_not_streamed_where_its_rows_would_alias():
+    """The K-contiguous copy of A is read like A@B's A, so it is only taken where that read is
+    streamed: 12-row AVX-512 tiles over K = 1024 (rows 4 KB apart, one L1 set) pack A instead."""
+    p = GemmProblem(1020, 1024, 1024, 0, "float32", True, False, False, True)
+    assert a_layout(p, 6) == "transpose"
+    assert a_layout(p, 12) == "pack" and a_layout(p, 8) == "pack"
+    assert a_layout(GemmProblem(1020, 1024, 1000, 0, "float32", True, False, False, True), 12) == "transpose"
+    assert a_layout(GemmProblem(1020, 1024, 1024, 0, "float32", False, False, True, True), 6) == "stream"
 
 
 @pytest.mark.parametrize("m,n,k,batch", [(1024, 1024, 1024, 0), (514, 136, 192, 0), (514, 136, 192, 3),

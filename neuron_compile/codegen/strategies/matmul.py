@@ -34,7 +34,7 @@ KC is an upper bound). Measured on Zen 1, 1 thread, against torch.mm (MKL):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, ClassVar, Mapping, Sequence
 
 from neuron_compile.codegen.kernels import KernelInfo
@@ -108,8 +108,8 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     if p.m <= 3 and p.b_n_contiguous and not p.batch:
         # GEMV-like: nothing reuses a packed B (the pack would double the traffic); MR = M and a
         # wide NR for enough independent accumulators
-        q.update(MR=p.m, NR=(8 if p.m == 1 else 4) * vl, pack_a=False, transpose_a=False, pack_b=False, fuse_pack_b=False,
-                 MC=p.m)
+        q.update(MR=p.m, NR=(8 if p.m == 1 else 4) * vl, pack_a=False, transpose_a=False, pack_b=False,
+                 fuse_pack_b=False, MC=p.m)
         return _finish(q, p, overrides)
     small_m = p.m <= t["MC_small"]
     q.update(pack_b=True, fuse_pack_b=small_m)
@@ -166,7 +166,10 @@ def a_layout(p: GemmProblem, mr: int) -> str:
     """
     if not _a_packed(p, mr):
         return "stream"
-    return "transpose" if p.trans_a and not p.a_k_contiguous and not _pow2(mr) else "pack"
+    copied = replace(p, trans_a=False, a_k_contiguous=True)   # the copy, as the micro-kernel reads it
+    if p.trans_a and not p.a_k_contiguous and not _pow2(mr) and not _a_packed(copied, mr):
+        return "transpose"
+    return "pack"
 
 
 def register_tile_candidates(p: GemmProblem, t: Mapping[str, Any]) -> tuple[int, ...]:
