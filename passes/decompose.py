@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
-from neuron_compile.passes import (embedding, foreach, histogram, householder, jacobi, linalg, sampling, separable,
-                                   special, transformer, view_scatter)
+from neuron_compile.passes import (distance, embedding, foreach, histogram, householder, jacobi, linalg, sampling,
+                                   separable, special, transformer, view_scatter)
 
 aten = torch.ops.aten
 
@@ -181,6 +181,27 @@ def _nanmedian_dim(x, dim=-1, keepdim=False):
 def _kthvalue(x, k, dim=-1, keepdim=False):
     """The k-th smallest (1-based) along ``dim``, NaN counting as the largest."""
     return _order_statistic(x, dim, keepdim, lambda n, nans: torch.full_like(nans, k - 1))
+
+
+def _mode(x, dim=-1, keepdim=False):
+    """Most frequent value along ``dim`` and an index of it, as ATen's CPU kernel: it sorts each
+    slice and keeps the first value whose run is strictly longest, so ties go to the smallest
+    value, and the index is that value's last occurrence (the end of its run in a stable sort;
+    ATen's ``std::sort`` is not stable beyond 16 elements, where eager may return another
+    occurrence of the same value). Counting is O(n²) per slice, like the sort family's kernels."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    dim = dim % x.dim()
+    t = torch.movedim(x, dim, -1)
+    n = t.shape[-1]
+    same = t.unsqueeze(-1) == t.unsqueeze(-2)                       # [..., n, n]
+    counts = same.sum(-1)
+    best = counts == counts.amax(-1, keepdim=True)
+    values = torch.where(best, t, t.amax(-1, keepdim=True)).amin(-1, keepdim=True)
+    pos = torch.arange(n).expand(t.shape)
+    indices = torch.where(t == values, pos, torch.zeros_like(pos)).amax(-1, keepdim=True)
+    values, indices = torch.movedim(values, -1, dim), torch.movedim(indices, -1, dim)
+    return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
 
 
 def _cdist_forward(x1, x2, p, compute_mode=None):
@@ -351,6 +372,8 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.segment_reduce.default: (_segment_reduce, "membership mask per segment, then one masked reduction"),
     aten.index_reduce.default: (_index_reduce, "scatter_reduce with the index broadcast along dim"),
     aten._cdist_forward.default: (_cdist_forward, "pairwise differences, or ATen's matmul form for large p=2"),
+    aten._pdist_forward.default: (distance.pdist_forward, "row pairs from the triangle's closed form, gathered"),
+    aten._pdist_backward.default: (distance.pdist_backward, "ATen's per-p terms index_added to both rows"),
     aten.put.default: (_put, "index_put on the flattened tensor"),
     aten.masked_scatter.default: (_masked_scatter, "gather of source at the mask's running count"),
     aten._transformer_encoder_layer_fwd.default: (transformer.transformer_encoder_layer_fwd,
@@ -376,6 +399,7 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.median.default: (lambda x: _median_dim(x.reshape(-1), 0)[0], "median of the flattened input"),
     aten.nanmedian.dim: (_nanmedian_dim, "stable sort (NaN last), lower median of the non-NaN prefix"),
     aten.nanmedian.default: (lambda x: _nanmedian_dim(x.reshape(-1), 0)[0], "nanmedian of the flattened input"),
+    aten.mode.default: (_mode, "O(n^2) equal-value counts; ties to the smallest value, its last index"),
     aten.kthvalue.default: (_kthvalue, "stable sort, then the element at position k - 1"),
     aten.avg_pool2d.default: (separable.avg_pool(2), "window-weight matrix per spatial dim, as matmuls"),
     aten.avg_pool3d.default: (separable.avg_pool(3), "window-weight matrix per spatial dim, as matmuls"),
@@ -386,6 +410,12 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten._adaptive_avg_pool3d.default: (separable.adaptive_avg_pool(3), "adaptive window matrix per spatial dim"),
     aten._adaptive_avg_pool3d_backward.default: (separable.adaptive_avg_pool_backward(3),
                                                  "the transposed adaptive window matrices"),
+    aten._upsample_bilinear2d_aa.default: (separable.upsample_aa(False), "antialias weight matrix per spatial dim"),
+    aten._upsample_bicubic2d_aa.default: (separable.upsample_aa(True), "antialias weight matrix per spatial dim"),
+    aten._upsample_bilinear2d_aa_backward.default: (separable.upsample_aa_backward(False),
+                                                    "the transposed antialias weight matrices"),
+    aten._upsample_bicubic2d_aa_backward.default: (separable.upsample_aa_backward(True),
+                                                   "the transposed antialias weight matrices"),
     aten.replication_pad1d_backward.default: (separable.replication_pad_backward(1), "one-hot clamp matrix, transposed"),
     aten.replication_pad2d_backward.default: (separable.replication_pad_backward(2), "one-hot clamp matrix, transposed"),
     aten.replication_pad3d_backward.default: (separable.replication_pad_backward(3), "one-hot clamp matrix, transposed"),

@@ -132,3 +132,66 @@ def replication_pad_backward(nd: int):
             mats.append(_band(src, src + 1, n, torch.ones(o)))
         return _apply(grad_output, mats, transpose=True)
     return fn
+
+
+def _aa_filter(x: torch.Tensor, bicubic: bool) -> torch.Tensor:
+    """ATen's antialias filters: the triangle (bilinear) or Keys' cubic with a = -0.5 (bicubic)."""
+    ax = x.abs()
+    if not bicubic:
+        return torch.clamp(1.0 - ax, min=0.0)
+    a = -0.5
+    near = ((a + 2.0) * ax - (a + 3.0)) * ax * ax + 1.0
+    far = ((a * ax - 5.0 * a) * ax + 8.0 * a) * ax - 4.0 * a
+    return torch.where(ax < 1.0, near, torch.where(ax < 2.0, far, torch.zeros_like(ax)))
+
+
+def _aa_matrix(n: int, o: int, align_corners: bool, scale: float | None, bicubic: bool,
+               forward: bool = True) -> torch.Tensor:
+    """(o, n) float64 weights of antialiased resampling along one dimension (ATen
+    ``UpSampleKernel.cpp``, ``_compute_indices_min_size_weights_aa``): output i is centred at
+    ``s·(i + 0.5)`` in input coordinates (``s`` from ``area_pixel_compute_scale``); when shrinking
+    (s > 1) the filter is stretched by ``s`` (support ``s`` for the triangle, ``2s`` for the cubic),
+    so every input pixel contributes; taps outside ``[0, n)`` are dropped and each row is
+    normalised to sum 1. In the forward a dimension whose size does not change is copied whatever
+    the scale, as ATen's separable kernel skips it (its backward applies the scale: so does ours).
+
+    Eager differs in one degenerate case: with an output width of 1 and a height that changes,
+    ATen's forward gives every output row the first row's weights (measured, torch 2.13); the
+    backward, and this matrix, weight each row at its own centre."""
+    if forward and n == o:
+        return torch.eye(n, dtype=torch.float64)
+    if align_corners:
+        s = (n - 1) / (o - 1) if o > 1 else 0.0
+    else:
+        s = 1.0 / scale if scale is not None and scale > 0 else n / o
+    support = (2.0 if bicubic else 1.0) * (s if s >= 1.0 else 1.0)
+    inv = 1.0 / s if s >= 1.0 else 1.0
+    center = s * (torch.arange(o, dtype=torch.float64) + 0.5)
+    lo = torch.clamp(torch.trunc(center - support + 0.5), min=0.0)
+    hi = torch.clamp(torch.trunc(center + support + 0.5), max=float(n))
+    j = torch.arange(n, dtype=torch.float64)[None, :]
+    w = _aa_filter((j - center[:, None] + 0.5) * inv, bicubic)
+    w = torch.where((j >= lo[:, None]) & (j < hi[:, None]), w, torch.zeros_like(w))
+    total = w.sum(-1, keepdim=True)
+    return w / torch.where(total == 0, torch.ones_like(total), total)
+
+
+def upsample_aa(bicubic: bool):
+    """``_upsample_{bilinear,bicubic}2d_aa(x, output_size, align_corners, scales_h, scales_w)``:
+    ``Wh @ x @ Wwᵀ`` over the last two dims (:func:`_aa_matrix`), as ``F.interpolate(...,
+    antialias=True)``; float inputs only (ATen's uint8 path rounds integer weights)."""
+    def fn(x, output_size, align_corners, scales_h=None, scales_w=None):
+        mats = [_aa_matrix(x.shape[-2], output_size[0], align_corners, scales_h, bicubic),
+                _aa_matrix(x.shape[-1], output_size[1], align_corners, scales_w, bicubic)]
+        return _apply(x, mats, transpose=False)
+    return fn
+
+
+def upsample_aa_backward(bicubic: bool):
+    """``_upsample_{bilinear,bicubic}2d_aa_backward(grad_output, output_size, input_size,
+    align_corners, scales_h, scales_w)``: ``Whᵀ @ g @ Ww``."""
+    def fn(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+        mats = [_aa_matrix(input_size[-2], output_size[0], align_corners, scales_h, bicubic, forward=False),
+                _aa_matrix(input_size[-1], output_size[1], align_corners, scales_w, bicubic, forward=False)]
+        return _apply(grad_output, mats, transpose=True)
+    return fn

@@ -27,6 +27,14 @@ CASES = {
     "adaptive_avg_pool3d_to_3x2x4": (lambda t: F.adaptive_avg_pool3d(t, (3, 2, 4)), (2, 3, 7, 5, 6)),
     "replicate_pad": (lambda t: F.pad(t, (2, 1, 1, 3), mode="replicate") * 2
                       + F.pad(t.flatten(2), (3, 1), mode="replicate").sum(), (2, 3, 4, 5)),
+    # antialiased resizes (ATen _upsample_{bilinear,bicubic}2d_aa): shrinking, growing, align_corners
+    "interpolate_antialias": (lambda t: F.interpolate(t, size=(3, 7), mode="bilinear", antialias=True)
+                              + F.interpolate(t, size=(3, 7), mode="bicubic", antialias=True, align_corners=True)
+                              + F.interpolate(t, scale_factor=(0.5, 1.3), mode="bilinear", antialias=True,
+                                              recompute_scale_factor=False)[..., :3, :7].sum(),
+                              (2, 3, 8, 6)),
+    "pdist": (lambda t: F.pdist(t) + F.pdist(t, p=1).sum() + F.pdist(t, p=3) * F.pdist(t, p=float("inf")), (6, 4)),
+    "mode": (lambda t: t.round().mode(0)[0] * t[0] + t.round().mode(-1, keepdim=True)[0], (7, 6)),
     "sort_topk": (lambda t: t.sort(-1, descending=True)[0] + t.topk(6, 0)[0].sum(), (7, 6)),
     "median_kthvalue": (lambda t: t.median(0)[0] + t.kthvalue(2, 0)[0] + t.nanmedian(), (5, 6)),
     # F.bilinear is aten._trilinear: y[n, o] = sum_ij x[n, i] W[o, i, j] x[n, j] (+ b)
