@@ -75,9 +75,16 @@ def _check_no_data_dependent_sizes(gm: torch.fx.GraphModule) -> None:
         if new:
             seen |= new
             what = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+            if what == "item":
+                found.append(UnsupportedOp("item", n.name, user_location(n), "lowering/emit.py",
+                                           "a Python number read from tensor data and used by further computation "
+                                           "in the graph; return it, or compute with the tensor (x * t, not "
+                                           "x * t.item())"))
+                continue
             found.append(UnsupportedOp(str(what), n.name, user_location(n), "lowering/emit.py",
                                        "its output size depends on tensor values; only static shapes compile, "
-                                       "except unique/nonzero/masked_select/x[mask] results returned directly"))
+                                       "except unique/nonzero/masked_select/x[mask] and .item() results returned "
+                                       "directly"))
     if found:
         raise UnsupportedOpsError(found, "the Dynamo graph")
 
@@ -143,6 +150,7 @@ class NeuronBackend:
         config = resolve_config(options)
         _check_static(gm, example_inputs)
         check_arguments(gm)  # ATen's CPU-kernel argument checks that fake tensors skip: eager's error
+        scalars = bounded.host_scalars(gm)  # .item() results returned directly: read on the host
         narrows = bounded.rewrite(gm)  # unique/nonzero/... whose results go straight to the outputs
         _check_no_data_dependent_sizes(gm)
 
@@ -163,7 +171,7 @@ class NeuronBackend:
                                              bw_compiler=compiler("backward"),
                                              inference_compiler=compiler("inference"),
                                              decompositions=decomposition_table())
-            return bounded.narrow_outputs(compiled, narrows)
+            return bounded.narrow_outputs(compiled, narrows, scalars)
         except (GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound) as e:
             raise _data_dependent_error(gm, e) from e
 

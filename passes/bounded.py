@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
@@ -237,10 +237,68 @@ def rewrite(gm: torch.fx.GraphModule) -> list[Narrow]:
     return narrows
 
 
-def narrow_outputs(fn: Callable, narrows: list[Narrow]) -> Callable:
+def _is_item(node: torch.fx.Node) -> bool:
+    """``t.item()`` as Dynamo records it (under ``fullgraph=True`` or ``capture_scalar_outputs``)."""
+    return ((node.op == "call_method" and node.target == "item")
+            or (node.op == "call_function" and node.target in (torch.Tensor.item, aten._local_scalar_dense.default)))
+
+
+def _scalar_checks(node: torch.fx.Node) -> list[torch.fx.Node] | None:
+    """The nodes that only check an ``.item()`` value's range (Dynamo's runtime asserts on an
+    unbacked bool or int: ``sym_ite``, comparisons, ``_assert_scalar``), or ``None`` if some use
+    computes with it."""
+    checks, todo = [], [u for u in node.users if u.op != "output" and u.target is not torch.scalar_tensor]
+    while todo:
+        user = todo.pop()
+        if user in checks:
+            continue
+        if user.target not in _SIZE_CHECKS and user.target is not torch.sym_ite:
+            return None
+        checks.append(user)
+        todo.extend(user.users)
+    return checks
+
+
+def host_scalars(gm: torch.fx.GraphModule) -> list[int]:
+    """Let ``.item()`` results that go straight to the graph's outputs be read on the host, as
+    Inductor reads them with an extern ``_local_scalar_dense``. Dynamo returns such a result either
+    as ``torch.scalar_tensor(t.item(), dtype=d)`` (a float), which becomes ``t.reshape(()).to(d)``
+    in the graph, or as the number itself (an int or bool), which the graph now returns as the
+    0-d tensor ``t`` and :func:`narrow_outputs` turns into its number after the compiled call.
+    Returns the latter's output positions. An ``.item()`` that further computation uses is left
+    for the backend to refuse (a data-dependent scalar inside the kernel)."""
+    graph = gm.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    positions: list[int] = []
+    for item in [n for n in graph.nodes if _is_item(n)]:
+        checks = _scalar_checks(item)
+        wraps = [u for u in item.users if u.target is torch.scalar_tensor]
+        if checks is None or any(set(w.users) != {output} for w in wraps):
+            continue
+        with graph.inserting_after(item):
+            value = graph.call_method("reshape", (item.args[0], ()))
+        for w in wraps:
+            with graph.inserting_after(w):
+                cast = graph.call_method("to", (value,), {"dtype": w.kwargs.get("dtype") or torch.get_default_dtype()})
+            w.replace_all_uses_with(cast)
+            graph.erase_node(w)
+        flat = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        positions += [i for i, leaf in enumerate(flat) if leaf is item]
+        flat = [value if leaf is item else leaf for leaf in flat]
+        for c in reversed([n for n in graph.nodes if n in set(checks)]):
+            graph.erase_node(c)
+        output.args = (tuple(flat) if isinstance(output.args[0], (list, tuple)) else flat[0],)
+        graph.erase_node(item)
+    graph.lint()
+    gm.recompile()
+    return sorted(positions)
+
+
+def narrow_outputs(fn: Callable, narrows: list[Narrow], scalars: Sequence[int] = ()) -> Callable:
     """Wrap AOTAutograd's compiled callable ``fn`` (called with unboxed arguments) so each bounded
-    output is narrowed to its count and the count outputs are dropped."""
-    if not narrows:
+    output is narrowed to its count and the count outputs are dropped, and each output position in
+    ``scalars`` (:func:`host_scalars`) becomes its Python number (``Tensor.item``)."""
+    if not narrows and not scalars:
         return fn
     n_counts = len({n.count for n in narrows})
 
@@ -248,6 +306,8 @@ def narrow_outputs(fn: Callable, narrows: list[Narrow]) -> Callable:
         outs = list(outs)
         for n in narrows:
             outs[n.output] = outs[n.output].narrow(n.dim, 0, int(outs[n.count]))
+        for i in scalars:
+            outs[i] = outs[i].item()
         return outs[:len(outs) - n_counts]
 
     def run(*args):  # aot_module_simplified's forward takes the arguments unboxed for a GraphModule

@@ -81,3 +81,26 @@ def _chain(e):
     while e is not None:
         yield e
         e = e.__cause__ or e.__context__
+
+
+def test_item_results_returned_from_the_graph_match_eager():
+    """``.item()`` under ``fullgraph=True``: a float comes back through ``scalar_tensor``, an int or
+    a bool as the number itself (with Dynamo's range asserts); each is read on the host after the
+    compiled call and equals eager's, with eager's Python type."""
+    x = torch.randn(4, 3)
+    f = lambda t: (t * 2, t.sum().item(), t.argmax().item(), (t > 0).all().item(),  # noqa: E731
+                   t.int().sum().item(), t[1:2, 2:].item())
+    got, exp = nc(f, fullgraph=True)(x), f(x)
+    torch.testing.assert_close(got[0], exp[0], rtol=0, atol=0)
+    for g, e in zip(got[1:], exp[1:]):
+        assert type(g) is type(e)
+    assert got[1] == pytest.approx(exp[1], rel=1e-6) and got[2:] == exp[2:]
+    assert nc(lambda t: t.item(), fullgraph=True)(torch.tensor([[2.5]])) == 2.5
+
+
+def test_an_item_used_by_further_computation_is_refused_with_what_to_do():
+    from neuron_compile.errors import UnsupportedOpsError
+    with pytest.raises(Exception) as info:
+        nc(lambda t: t * t.sum().item(), fullgraph=True)(X)
+    err = next(e for e in _chain(info.value) if isinstance(e, UnsupportedOpsError))
+    assert "item" in str(err) and "x * t.item()" in str(err)

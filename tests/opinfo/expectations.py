@@ -8,7 +8,6 @@ samples under fullgraph=True before our backend runs. Wrong results and crashes 
 from tests.opinfo.harness import BOOL, F32, I64, op
 
 EXPECTED = [
-    (op("item"), F32, "unsupported", 'item'),
     (op("allclose"), F32, "dynamo", 'Unsupported: Data dependent operator Explanation: Operator `aten.allclose.default` has a non-Tensor output whose value is dependent on the data of Ten'),
     (op("combinations"), F32, "dynamo", 'InternalTorchDynamoError: PendingUnbackedSymbolNotFound: Pending unbacked symbols {u1, u3, u2} not in returned outputs FakeTensor(..., size=(u0, 4)) ('),
     (op("view_as_complex"), F32, "unsupported", 'aten.view_as_complex.default'),
@@ -29,14 +28,12 @@ EXPECTED = [
     (op("lcm"), I64, "unsupported", 'aten.lcm.default'),
     (op("nn.functional.linear_cross_entropy", "chunked"), F32, "dynamo", 'Unsupported: Attempted to call function marked as skipped Explanation: Dynamo does not know how to trace the Python builtin `_warnings.warn`. Hint: If'),
     (op("nn.functional.linear_cross_entropy", "chunked_none"), F32, "dynamo", 'Unsupported: Attempted to call function marked as skipped Explanation: Dynamo does not know how to trace the Python builtin `_warnings.warn`. Hint: If'),
-    (op("_upsample_bilinear2d_aa"), F32, "unsupported", 'aten._upsample_bilinear2d_aa.default'),
     (op("nn.functional.fractional_max_pool2d"), F32, "unsupported", 'aten.fractional_max_pool2d.default'),
     (op("nn.functional.fractional_max_pool3d"), F32, "unsupported", 'aten.fractional_max_pool3d.default'),
     (op("nn.functional.rrelu"), F32, "unsupported", 'aten.rrelu_with_noise_functional.default'),
     (op("nextafter"), F32, "unsupported", 'aten.nextafter.default'),
     (op("igamma"), F32, "unsupported", 'aten.igamma.default'),
     (op("igammac"), F32, "unsupported", 'aten.igammac.default'),
-    (op("mode"), F32, "unsupported", 'aten.mode.default'),
     (op("narrow"), F32, "unsupported", 'aten._local_scalar_dense.default,aten.slice.Tensor'),
     (op("tensor_split"), F32, "unsupported", 'tensor_split'),
     (op("angle"), BOOL, "unsupported", 'aten.angle.default'),
@@ -62,7 +59,6 @@ EXPECTED = [
     (op("hash_tensor"), I64, "unsupported", 'aten.hash_tensor.default'),
     (op("nn.functional.ctc_loss"), F32, "dynamo", "Unsupported: Dynamic shape operator Explanation: Operator `aten._ctc_loss.Tensor`'s output shape depends on input Tensor data. Hint: Enable tracing of"),
     (op("nn.functional.gaussian_nll_loss"), F32, "dynamo", 'UserError: Could not guard on data-dependent expression Eq(u0, 1) (unhinted: Eq(u0, 1)). (Size-like symbols: none) consider using data-dependent frien'),
-    (op("nn.functional.pdist"), F32, "unsupported", 'aten._pdist_forward.default'),
     (op("repeat_interleave"), F32, "unsupported", 'aten.repeat_interleave.Tensor; repeat_interleave'),
     (op("fft.fft"), F32, "unsupported", 'aten._fft_r2c.default'),
     (op("fft.fft2"), F32, "unsupported", 'aten._fft_c2c.default,aten._to_copy.default; aten._fft_c2c.default,aten._to_copy.default,aten.constant_pad_nd.default; aten._fft_c2c.default,aten._to_'),
