@@ -40,3 +40,16 @@ def test_invalid_ir_reports_the_parser_diagnostic(tmp_path):
     with pytest.raises(PipelineError) as info:
         mlir_to_llvm(src, tmp_path, timeout=120)
     assert "kernel.linalg.mlir:1" in info.value.detail
+
+
+def test_a_stage_runs_under_the_memory_cap_and_its_repro_command_is_the_tool_alone(tmp_path):
+    """Each stage gets the address-space cap (so a runaway tool fails, not the machine) from a
+    shell that execs it; the repro command in an error names the tool, not the wrapper."""
+    from neuron_compile.toolchain import MEMORY_CAP_BYTES, run_stage
+    src = tmp_path / "in.ll"
+    src.write_text("")
+    run_stage("obj", ["sh", "-c", f'test "$(ulimit -v)" = {MEMORY_CAP_BYTES >> 10}'], src, timeout=30)
+    with pytest.raises(PipelineError) as info:
+        run_stage("obj", ["sh", "-c", "exit 3"], src, timeout=30)
+    assert "exited with status 3" in info.value.detail
+    assert "neuron-compile-stage" not in str(info.value) and "exit 3" in str(info.value)
