@@ -13,6 +13,7 @@ Writes ``DIR/benchmarks.json`` (every number) and ``DIR/benchmarks.png`` (ratio 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch._inductor.utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.workloads import Workload, workloads  # noqa: E402
@@ -62,9 +64,13 @@ def measure(w: Workload, threads: int, min_rounds: int, budget_s: float) -> dict
         model = copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn
         args = tuple(t.detach().clone().requires_grad_(w.train and t.is_floating_point()) for t in inputs)
         step = _step(_compiled(backend, model), args, w.train)
+        # Inductor cold as well: an empty code cache on disk and in memory for each workload (its
+        # C++ kernels otherwise come back compiled from an earlier workload or thread count)
+        fresh = torch._inductor.utils.fresh_cache() if backend == "inductor" else contextlib.nullcontext()
         t0 = time.perf_counter()
         try:
-            step()
+            with fresh:
+                step()
         except Exception as exc:  # a backend failing on a workload is reported, not fatal
             errors[backend] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             continue
