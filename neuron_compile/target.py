@@ -185,9 +185,14 @@ def _extract_loops(ll: Path, workdir: Path, timeout: float) -> Path:
     quadratic in the number of kernels (GPT-2-2L backward: 2.3 of 2.9 s of ``opt`` on that one
     function, 0.2 s once its loops are extracted; 12 layers took 10x the obj phase of 2). Extracted
     loops are also what ``llvm-split`` deals out to the parallel processes.
+
+    Identical functions are then merged (LLVM's ``mergefunc``; the duplicates become calls of the
+    one kept): the same kernel appears once per layer of a model, and its OpenMP body and extracted
+    loops are byte-for-byte the same. GPT-2-2L's backward graph: 265 functions and 45k lines of
+    IR to 169 and 23k, so ``opt``/``llc`` compile each distinct loop once.
     """
     out = workdir / "kernel.extracted.ll"
-    run_stage("obj", [tool("opt"), "-S", "-passes=loop-extract", str(ll), "-o", str(out)], ll, timeout)
+    run_stage("obj", [tool("opt"), "-S", "-passes=loop-extract,mergefunc", str(ll), "-o", str(out)], ll, timeout)
     define = re.compile(r"^(define [^\n]*@([\w.$]+)\(.*?\))((?: #\d+)?) \{$", re.MULTILINE)
     before = {m.group(2) for m in define.finditer(ll.read_text())}
 

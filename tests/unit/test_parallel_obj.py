@@ -55,11 +55,7 @@ def test_the_graph_functions_loops_are_extracted_and_stay_out_of_line(tmp_path):
 
     from neuron_compile.target import _extract_loops
     from neuron_compile.toolchain import tool
-    loop = ("  br label %h{i}\nh{i}:\n  %i{i} = phi i64 [0, %b{i}], [%n{i}, %h{i}]\n"
-            "  %p{i} = getelementptr float, ptr %a, i64 %i{i}\n  store float 1.0, ptr %p{i}\n"
-            "  %n{i} = add i64 %i{i}, 1\n  %c{i} = icmp ult i64 %n{i}, 100\n  br i1 %c{i}, label %h{i}, label %b{j}\n"
-            "b{j}:\n")
-    body = "".join(loop.format(i=i, j=i + 1) for i in range(3))
+    body = "".join(_LOOP.format(i=i, j=i + 1, v=f"{i}.0") for i in range(3))
     ll = tmp_path / "kernel.ll"
     ll.write_text(f"define void @neuron_kernel(ptr %a) {{\nb0:\n{body}  ret void\n}}\n")
     out = _extract_loops(ll, tmp_path, 120)
@@ -67,3 +63,26 @@ def test_the_graph_functions_loops_are_extracted_and_stay_out_of_line(tmp_path):
     assert len(re.findall(r"^define internal .* noinline", text, re.M)) == 3
     opt = subprocess.run([tool("opt"), "-O3", "-S", str(out)], capture_output=True, text=True, check=True).stdout
     assert len(re.findall(r"^define ", opt, re.M)) == 4
+
+
+# a loop storing {v} to a[0..100), from block b{i} to b{j}
+_LOOP = ("  br label %h{i}\nh{i}:\n  %i{i} = phi i64 [0, %b{i}], [%n{i}, %h{i}]\n"
+         "  %p{i} = getelementptr float, ptr %a, i64 %i{i}\n  store float {v}, ptr %p{i}\n"
+         "  %n{i} = add i64 %i{i}, 1\n  %c{i} = icmp ult i64 %n{i}, 100\n  br i1 %c{i}, label %h{i}, label %b{j}\n"
+         "b{j}:\n")
+
+
+def test_identical_extracted_loops_are_compiled_once(tmp_path):
+    """The same kernel once per layer: after extraction, identical loop functions are merged
+    (``mergefunc``), so one body reaches ``opt``/``llc`` (end-to-end results: the model tests)."""
+    import re
+
+    from neuron_compile.target import _extract_loops
+    body = "".join(_LOOP.format(i=i, j=i + 1, v="1.0" if i < 2 else "2.0") for i in range(3))
+    ll = tmp_path / "kernel.ll"
+    ll.write_text(f"define void @neuron_kernel(ptr %a) {{\nb0:\n{body}  ret void\n}}\n")
+    text = _extract_loops(ll, tmp_path, 120).read_text()
+    bodies = re.findall(r"^define internal [^\n]*\{\n(.*?)^\}", text, re.M | re.S)
+    stores = [b for b in bodies if "store float" in b]
+    assert len(stores) == 2  # the two loops storing 1.0 became one, the 2.0 loop stays
+    assert {"1.000000e+00" in b for b in stores} == {True, False}
