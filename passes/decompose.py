@@ -213,16 +213,7 @@ def _cdist_forward(x1, x2, p, compute_mode=None):
         a = torch.cat([x1.mul(-2), n1, torch.ones_like(n1)], -1)
         b = torch.cat([x2, torch.ones_like(n2), n2], -1)
         return a.matmul(b.mT).clamp_min(0).sqrt()
-    diff = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
-    if p == 0:
-        return (diff != 0).sum(-1).to(x1.dtype)
-    if p == float("inf"):
-        return diff.amax(-1)
-    if p == 1:
-        return diff.sum(-1)
-    if p == 2:
-        return diff.pow(2).sum(-1).sqrt()
-    return diff.pow(p).sum(-1).pow(1.0 / p)
+    return distance.norm_of_abs_diff((x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs(), p)
 
 
 def _put(x, index, source, accumulate=False):

@@ -4,8 +4,9 @@
 the pairs: (0, 1), (0, 2), ..., (0, N-1), (1, 2), ... (ATen ``Distance.cpp``). The pair indices are
 computed from ``arange`` by the closed form of the upper triangle's row (so tracing records
 functional ops and no loop over N), the pairs are gathered, and the norms taken as in
-``_cdist_forward``'s difference form. The backward scatters each pair's gradient back to both rows
-with ATen's per-p formulas (``pdist_backward`` in ``DistanceOpsKernel.cpp``).
+``_cdist_forward``'s difference form (:func:`norm_of_abs_diff`, shared by both). The backward
+scatters each pair's gradient back to both rows with ATen's per-p formulas (``pdist_backward`` in
+``DistanceOpsKernel.cpp``).
 """
 from __future__ import annotations
 
@@ -33,9 +34,15 @@ def pdist_forward(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     if n < 2:
         return x.new_zeros((0,))
     i, j = _pairs(n)
-    diff = (x[i] - x[j]).abs()
+    return norm_of_abs_diff((x[i] - x[j]).abs(), p)
+
+
+def norm_of_abs_diff(diff: torch.Tensor, p: float) -> torch.Tensor:
+    """The p-norm over the last dim of ``diff`` (absolute differences, [..., M] → [...]), in the
+    forms ATen's distance kernels use: p = 0 counts the nonzero entries (in ``diff``'s dtype),
+    p = inf takes the largest, p = 1 and 2 skip the general ``pow``."""
     if p == 0:
-        return (diff != 0).sum(-1).to(x.dtype)
+        return (diff != 0).sum(-1).to(diff.dtype)
     if p == math.inf:
         return diff.amax(-1)
     if p == 1:
