@@ -268,9 +268,12 @@ def host_scalars(gm: torch.fx.GraphModule) -> list[int]:
     Returns the latter's output positions. An ``.item()`` that further computation uses is left
     for the backend to refuse (a data-dependent scalar inside the kernel)."""
     graph = gm.graph
+    items = [n for n in graph.nodes if _is_item(n)]
+    if not items:
+        return []
     output = next(n for n in graph.nodes if n.op == "output")
     positions: list[int] = []
-    for item in [n for n in graph.nodes if _is_item(n)]:
+    for item in items:
         checks = _scalar_checks(item)
         wraps = [u for u in item.users if u.target is torch.scalar_tensor]
         if checks is None or any(set(w.users) != {output} for w in wraps):

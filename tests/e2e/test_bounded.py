@@ -87,14 +87,15 @@ def test_item_results_returned_from_the_graph_match_eager():
     """``.item()`` under ``fullgraph=True``: a float comes back through ``scalar_tensor``, an int or
     a bool as the number itself (with Dynamo's range asserts); each is read on the host after the
     compiled call and equals eager's, with eager's Python type."""
-    x = torch.randn(4, 3)
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)) * 3
     f = lambda t: (t * 2, t.sum().item(), t.argmax().item(), (t > 0).all().item(),  # noqa: E731
                    t.int().sum().item(), t[1:2, 2:].item())
     got, exp = nc(f, fullgraph=True)(x), f(x)
     torch.testing.assert_close(got[0], exp[0], rtol=0, atol=0)
     for g, e in zip(got[1:], exp[1:]):
         assert type(g) is type(e)
-    assert got[1] == pytest.approx(exp[1], rel=1e-6) and got[2:] == exp[2:]
+    # a float32 sum in another order: against the float64 sum, at float32's rounding of 12 terms
+    assert got[1] == pytest.approx(x.double().sum().item(), abs=1e-5) and got[2:] == exp[2:]
     assert nc(lambda t: t.item(), fullgraph=True)(torch.tensor([[2.5]])) == 2.5
 
 
