@@ -121,6 +121,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from neuron_compile.phases import Phase
     from neuron_compile.target import HostCPU
     src = Path(args.file)
+    if not src.is_file():
+        print(f"neuron-compile compile: {src}: no such file (give a dumped NN.linalg.mlir, see NEURON_DUMP_DIR)",
+              file=sys.stderr)
+        return 2
     start, stop = Phase.parse(args.from_phase), Phase.parse(args.emit)
     if start is not Phase.LINALG or stop not in (Phase.LLVM, Phase.OBJ):
         print("neuron-compile compile: supported today: --from linalg --emit llvm|obj "
@@ -141,12 +145,24 @@ def cmd_compile(args: argparse.Namespace) -> int:
             out = work / "kernel.o"  # the relocatable object (kernel.so is what the runtime loads)
     except NeuronCompileError as exc:
         print(exc, file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
         return 1
     dest = Path(args.output) if args.output else src.with_suffix(".llvm.mlir" if stop is Phase.LLVM else ".o")
     shutil.move(out, dest)
     shutil.rmtree(work, ignore_errors=True)
     print(dest)
     return 0
+
+
+def _days(text: str) -> float:
+    """A non-negative number of days (a negative age would select every entry)."""
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not days >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"{text!r}: the age must be 0 or more days")
+    return days
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--cache-dir", help="cache root (default: NEURON_CACHE_DIR or ~/.cache/neuron-compile)")
         p.set_defaults(func=fn)
         if name == "clear":
-            p.add_argument("--older-than", type=float, metavar="DAYS", help="only entries unused for DAYS days")
+            p.add_argument("--older-than", type=_days, metavar="DAYS", help="only entries unused for DAYS days")
         if name == "verify":
             p.add_argument("--quarantine", action="store_true", help="move bad entries to quarantine")
     comp = sub.add_parser("compile", help="run pipeline phases on a dumped file")

@@ -188,16 +188,22 @@ def _mode(x, dim=-1, keepdim=False):
     slice and keeps the first value whose run is strictly longest, so ties go to the smallest
     value, and the index is that value's last occurrence (the end of its run in a stable sort;
     ATen's ``std::sort`` is not stable beyond 16 elements, where eager may return another
-    occurrence of the same value). Counting is O(n²) per slice, like the sort family's kernels."""
+    occurrence of the same value). Each NaN is its own value (NaN equals nothing), so it is the
+    mode only of a row of NaNs. Counting is O(n²) per slice, like the sort family's kernels."""
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64)
     dim = dim % x.dim()
     t = torch.movedim(x, dim, -1)
     n = t.shape[-1]
-    same = t.unsqueeze(-1) == t.unsqueeze(-2)                       # [..., n, n]
+    same = t.unsqueeze(-1) == t.unsqueeze(-2)                       # [..., n, n]; NaN equals nothing
     counts = same.sum(-1)
     best = counts == counts.amax(-1, keepdim=True)
-    values = torch.where(best, t, t.amax(-1, keepdim=True)).amin(-1, keepdim=True)
+    if t.is_floating_point():  # a NaN (count 0) is never the mode while the row has a number
+        best = best & ~t.isnan() | best.all(-1, keepdim=True)
+        top = torch.full_like(t, math.inf)
+    else:
+        top = t.amax(-1, keepdim=True).expand(t.shape)
+    values = torch.where(best, t, top).amin(-1, keepdim=True)
     pos = torch.arange(n).expand(t.shape)
     indices = torch.where(t == values, pos, torch.zeros_like(pos)).amax(-1, keepdim=True)
     values, indices = torch.movedim(values, -1, dim), torch.movedim(indices, -1, dim)

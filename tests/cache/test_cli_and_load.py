@@ -40,6 +40,10 @@ def test_cache_info_list_verify_clear(tmp_path):
     assert bad.returncode == 1
     assert [r["ok"] for r in json.loads(bad.stdout)].count(False) == 1
     assert "removed 0" in cli("cache", "clear", "--older-than", "1", "--cache-dir", str(tmp_path)).stdout
+    for age in ("-5", "nan", "soon"):  # would have selected every entry, or is no age at all
+        refused = cli("cache", "clear", "--older-than", age, "--cache-dir", str(tmp_path))
+        assert refused.returncode == 2 and "--older-than" in refused.stderr
+    assert json.loads(cli("cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)["entries"] == 2
     assert "removed 2" in cli("cache", "clear", "--cache-dir", str(tmp_path)).stdout
     assert json.loads(cli("cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)["entries"] == 0
 
@@ -66,3 +70,8 @@ def test_compile_cli_reproduces_a_stage_from_a_dumped_file(tmp_path):
     assert obj.returncode == 0, obj.stderr
     assert (tmp_path / "k.o").read_bytes()[16] == 1  # ELF e_type ET_REL: a relocatable object
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "k.llvm.mlir", "k.o"]  # no work files left
+
+
+def test_compile_cli_names_a_missing_file():
+    out = cli("compile", "/nonexistent/kernel.linalg.mlir")
+    assert out.returncode == 2 and "no such file" in out.stderr and "PipelineError" not in out.stderr
