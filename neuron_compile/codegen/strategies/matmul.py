@@ -194,11 +194,6 @@ def l1_kc(mr: int, nr: int, elem: int, target: TargetInfo) -> int:
     return max(8, kc - kc % 8)
 
 
-def _proper_divisor(n: int) -> int:
-    """The largest divisor of ``n`` below ``n`` (1 for a prime)."""
-    return next(d for d in range(n // 2, 0, -1) if n % d == 0)
-
-
 def fit_kc(k: int, kc: int) -> int:
     """A k-block for K near ``kc``: K itself if it fits; else the largest multiple of 8 in
     [kc/2, kc] that divides K, else the largest one whose last block is at least half a block (a
@@ -314,6 +309,7 @@ def _finish(q: dict[str, Any], p: GemmProblem, overrides: Mapping[str, Any] | No
 
 
 def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``at_most`` (1 if none larger)."""
     return next(d for d in range(min(n, at_most), 0, -1) if n % d == 0)
 
 
@@ -450,9 +446,9 @@ class MatmulTiled:
                 # nest GEMM_CLEANUP vectorizes (an N edge of nn.Linear with M <= 256 ran as scalar
                 # loops with an accumulator malloc per micro-tile); two blocks or more keep it
                 if r.n1 > 1:
-                    nct = _proper_divisor(r.n1)
+                    nct = _largest_divisor(r.n1, r.n1 // 2)
                 elif r.m1 > 1:
-                    mct = _proper_divisor(r.m1)
+                    mct = _largest_divisor(r.m1, r.m1 // 2)
             mm, init = part(f"gemm_r{i}", "linalg.generic"), part(f"init_r{i}")
             t0, forall = w.tile_forall(mm, one + [mct, nct, 0, 0, 0])
             w.annotate(forall, "neuron.root", k.id)
