@@ -30,7 +30,7 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset(f.group(1).split()) if f else frozenset()
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=None)
 def _cache(index: int, field: str, default: int) -> int:
     """A field of cpu0's cache ``index`` from sysfs (``index0`` the L1 data cache, ``index2`` the
     unified L2): ``size`` in bytes (``48K`` → 49152), ``ways_of_associativity``; ``default`` if unknown."""
@@ -97,16 +97,20 @@ class HostCPU:
         return HostCPU(f"{platform.machine()}-unknown-{platform.system().lower()}-gnu", model, features)
 
     def key(self) -> str:
-        """The target's part of a cache key."""
-        return f"{self.name}:{self.triple}:{self.cpu}:{self.features}"
+        """The target's part of a cache key: the CPU and what schedule selection knows of it (cache
+        sizes differ between machines, VMs above all, with the same CPU model and flags)."""
+        info = ",".join(f"{k}={v}" for k, v in sorted(self.info().to_json().items()))
+        return f"{self.name}:{self.triple}:{self.cpu}:{self.features}:{info}"
 
     def info(self) -> "TargetInfo":
         """What schedule selection knows of this CPU (:class:`~neuron_compile.codegen.TargetInfo`)."""
         from neuron_compile.codegen.strategy import TargetInfo
-        isa = isa_of(_cpu_flags())
+        flags = _cpu_flags()
+        isa = isa_of(flags)
         bits = {"avx512": 512, "avx2": 256}.get(isa, 128)
         return TargetInfo(isa, bits, 32 if isa == "avx512" else 16, _cache(2, "size", 512 << 10),
-                          _cache(0, "size", 32 << 10), _cache(0, "ways_of_associativity", 8))
+                          _cache(0, "size", 32 << 10), _cache(0, "ways_of_associativity", 8),
+                          _cache(3, "size", 0), "sse4a" in flags)
 
     def codegen(self, llvm_mlir: Path, workdir: Path, opt_level: int, timeout: float, profile: bool = False,
                 entry_c: str | None = None, jobs: int = 1) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from neuron_compile.codegen import streaming
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.library import build_library
 from neuron_compile.codegen.strategy import (Schedule, Slot, TargetInfo, parse_overrides, select_all,
@@ -69,6 +70,8 @@ def _apply(kernels: list[KernelInfo], schedules: list[Schedule], target: TargetI
             if frag not in fragments.setdefault(slot, []):
                 fragments[slot].append(frag)
     library, groups = build_library(kernels, schedules)
+    if streaming.ENTRY in library:  # first after bufferization: it matches the kernels' scf.forall
+        fragments.setdefault(Slot.POST_BUFFERIZE, []).insert(0, streaming.INTERPRETER)
     return CodegenPlan(kernels, schedules, target, library, fragments, in_place_outputs, groups)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from neuron_compile.codegen import streaming
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import Schedule, strategy_named
 
@@ -15,7 +16,7 @@ def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) 
     """The library text (``""`` when no kernel's schedule has a transform, pure ``loops``) and the
     kernel ids each sequence schedules (one group per sequence, in kernel order; a fused-rows
     chain is one group), which :func:`~neuron_compile.codegen.outline.outline_kernels` outlines."""
-    seqs, calls, cleanups, groups = [], [], [], []
+    seqs, calls, cleanups, groups, streamed = [], [], [], [], []
     # a strategy with a higher ``order`` runs after the others, and so does its clean-up (which
     # may rewrite the whole function)
     ordered = sorted(zip(kernels, schedules), key=lambda ks: getattr(strategy_named(ks[1].strategy), "order", 0))
@@ -27,6 +28,8 @@ def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) 
         if not body:
             continue
         groups.append(sorted(s.params.get("group", [k.id])))
+        if s.params.get("stream"):
+            streamed.append(k.id)  # the kernel carrying the transform tags the forall neuron.root
         name = f"@kernel_{k.id}_{s.strategy.replace('-', '_')}"
         seqs.append(f"  transform.named_sequence {name}(%root: {ANY} {{transform.readonly}}) {{\n"
                     f"{body.rstrip()}\n    transform.yield\n  }}")
@@ -35,7 +38,9 @@ def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) 
         return "", []
     main = (f"  transform.named_sequence @__transform_main(%root: {ANY} {{transform.readonly}}) {{\n"
             + "\n".join(calls + cleanups) + "\n    transform.yield\n  }")
-    text = "module attributes {transform.with_named_sequence} {\n" + "\n".join(seqs) + "\n" + main + "\n}\n"
+    post = streaming.sequence(streamed)  # run after bufferization (streaming.INTERPRETER)
+    text = ("module attributes {transform.with_named_sequence} {\n" + "\n".join(seqs) + "\n" + main + "\n"
+            + (post + "\n" if post else "") + "}\n")
     return text, sorted(groups)
 
 

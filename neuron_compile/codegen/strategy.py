@@ -47,6 +47,8 @@ class TargetInfo:
     l2_bytes: int = 512 << 10
     l1_bytes: int = 32 << 10
     l1_ways: int = 8
+    llc_bytes: int = 0
+    sse4a: bool = False
 
     def lanes(self, element_bytes: int) -> int:
         """Elements of ``element_bytes`` bytes in one SIMD register."""
@@ -54,7 +56,8 @@ class TargetInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {"isa": self.isa, "vector_bits": self.vector_bits, "vector_registers": self.vector_registers,
-                "l2_bytes": self.l2_bytes, "l1_bytes": self.l1_bytes, "l1_ways": self.l1_ways}
+                "l2_bytes": self.l2_bytes, "l1_bytes": self.l1_bytes, "l1_ways": self.l1_ways,
+                "llc_bytes": self.llc_bytes, "sse4a": self.sse4a}
 
 
 @dataclass(frozen=True)

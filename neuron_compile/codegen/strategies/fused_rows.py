@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Mapping, Sequence
 
+from neuron_compile.codegen import streaming
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import Schedule, Slot, TargetInfo
 from neuron_compile.codegen.strategies import vector
@@ -82,6 +83,8 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
         params: dict[str, Any] = {"group": [k.id for k in group], "rows": block_rows(group, target),
                                   "steps": {str(k.id): vector.step(k, target) for k in group},
                                   "members": [k.to_json() for k in group]}
+        if streaming.streams(group, target):
+            params["stream"] = True
         for k in group:
             out[k.id] = Schedule(FusedRows.name, params)
     return out

@@ -33,6 +33,7 @@ from typing import ClassVar, Mapping
 
 import torch
 
+from neuron_compile.codegen import streaming
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import Schedule, Slot, TargetInfo
 from neuron_compile.codegen.transform import VECTOR_CLEANUP, SequenceWriter
@@ -140,7 +141,11 @@ class _VectorStrategy:
     def select(self, k: KernelInfo, target: TargetInfo) -> Schedule | None:
         if classify(k) != self.name:
             return None
-        return Schedule(self.name, {"step": step(k, target), "forall": self.forall(k, target)})
+        forall = self.forall(k, target)
+        params = {"step": step(k, target), "forall": forall}
+        if any(forall) and streaming.streams([k], target):
+            params["stream"] = True  # the stores of the forall annotated neuron.root = k.id
+        return Schedule(self.name, params)
 
     def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
         raise NotImplementedError

@@ -1,0 +1,79 @@
+"""Streaming (non-temporal) stores: when a kernel's traffic exceeds the last-level cache its output
+stores skip the read-for-ownership. The decision is pure (checked on the kernels the emitter
+tags); applied, the stores must be marked ``nontemporal`` and the numerics must not change (the
+same bits as without streaming, at 1 and 2 threads, on shapes whose rows the vector step does not
+divide, so the remainder stores are unaligned and must not fault)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.codegen import TargetInfo, plan_codegen
+from neuron_compile.codegen.streaming import streams
+from neuron_compile.target import HostCPU
+from tests.conftest import neuron_compile
+from tests.ir.lower import lower
+
+ZEN3 = TargetInfo("avx2", 256, 16, 512 << 10, 32 << 10, 8, llc_bytes=32 << 20, sse4a=True)
+
+
+def _plan(fn, *args, target=ZEN3):
+    _, lowered = lower(fn, *args)
+    return lowered.kernels, plan_codegen(lowered.kernels, target, uses=lowered.value_uses).schedules
+
+
+def test_streams_only_when_the_traffic_exceeds_the_last_level_cache():
+    big = torch.empty(4096, 1024)  # 16 MiB read + 16 MiB written > 3/4 of 32 MiB
+    kernels, schedules = _plan(lambda x: x * 2 + 1, big)
+    assert streams(kernels, ZEN3) and schedules[0].params.get("stream") is True
+    small = torch.empty(1024, 1024)  # 4 + 4 MiB: the output may still be in the cache for its consumer
+    kernels, schedules = _plan(lambda x: x * 2 + 1, small)
+    assert not streams(kernels, ZEN3) and "stream" not in schedules[0].params
+    # unknown cache size, or no 8-byte non-temporal stores from vector registers: never
+    for target in (dataclasses.replace(ZEN3, llc_bytes=0), dataclasses.replace(ZEN3, sse4a=False)):
+        kernels, schedules = _plan(lambda x: x * 2 + 1, big, target=target)
+        assert not streams(kernels, target) and "stream" not in schedules[0].params
+
+
+def test_a_fused_row_chain_streams_its_last_kernel_and_a_reduction_never_does():
+    x, w, b = torch.empty(4096, 1024), torch.empty(1024), torch.empty(1024)
+    kernels, schedules = _plan(lambda x, w, b: F.layer_norm(x, (1024,), w, b), x, w, b)
+    assert {s.strategy for s in schedules} == {"fused-rows"}
+    assert all(s.params.get("stream") is True for s in schedules)
+    kernels, schedules = _plan(lambda x: x.sum(-1), torch.empty(8192, 1024))  # 32 MiB read, 32 KiB written
+    assert not any(s.params.get("stream") for s in schedules)
+
+
+CASES = {
+    "pointwise-odd-rows": (lambda x, b: torch.sigmoid(x * 1.5 + b).mul(x), (torch.randn(37, 1003), torch.randn(1003))),
+    "pointwise-one-dim": (lambda x: torch.erf(x) + x * x, (torch.randn(3 * 65536),)),
+    "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(64, 1000),)),
+    "layer-norm": (lambda x, w, b: F.layer_norm(x, (768,), w, b), (torch.randn(128, 768), torch.randn(768),
+                                                                    torch.randn(768))),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_streamed_stores_are_nontemporal_and_change_no_bit(case, tmp_path, monkeypatch):
+    fn, args = CASES[case]
+    plain = neuron_compile(fn, options={"cache": False})(*args)
+    # a target whose last-level cache is tiny: every kernel here streams
+    tiny = dataclasses.replace(ZEN3, llc_bytes=16 << 10)
+    monkeypatch.setattr(HostCPU, "info", lambda self: tiny)
+    torch._dynamo.reset()
+    compiled = neuron_compile(fn, options={"cache": False, "dump_dir": str(tmp_path)})
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = compiled(*args)
+        torch.set_num_threads(2)
+        two = compiled(*args)
+    finally:
+        torch.set_num_threads(old)
+    llvm_dialect = "".join(p.read_text() for p in tmp_path.glob("*/*.llvm.mlir"))
+    assert "nontemporal" in llvm_dialect
+    assert torch.equal(one, plain) and torch.equal(two, plain)
+    torch.testing.assert_close(one, fn(*args), rtol=1e-5, atol=1e-5)
