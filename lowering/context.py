@@ -256,7 +256,7 @@ class LoweringContext:
                              for i, (v, m) in enumerate(zip(list(ins) + list(inits), list(in_maps) + list(out_maps))))
             self.body.add_kernel(KernelInfo(
                 kid, kind, ranges, tuple(iterators), operands, *self._provenance(), attrs=dict(attrs or {}),
-                gather=any("tensor.extract " in ln or "linalg.index " in ln for ln in region), body_ops=len(region),
+                gather=any("tensor.extract " in ln or "linalg.index " in ln or "scf.while " in ln for ln in region), body_ops=len(region),
                 fill_inits=tuple(v.name in self.body.fills for v in inits),
                 results=(name,) if len(inits) == 1 else tuple(f"{name}#{k}" for k in range(len(inits)))))
         if len(inits) == 1:

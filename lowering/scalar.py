@@ -295,6 +295,33 @@ class ScalarBuilder:
         inline math use it: half the operations of mul-then-add and never less accurate."""
         return self._emit(f"math.fma {a.name}, {b.name}, {c.name} : {a.type}", a.dtype)
 
+    def while_loop(self, inits: list[Scalar], cond, step) -> list[Scalar]:
+        """An ``scf.while`` loop carrying ``inits`` (MLIR SCF dialect docs): while
+        ``cond(self, *values)`` (an ``i1`` :class:`Scalar`) holds, ``values = step(self, *values)``.
+        Returns the values after the last step. For recurrences whose trip count is data (the
+        orthogonal polynomials' degree ``n``); a kernel whose body holds one keeps scalar loops (it
+        cannot be vectorized). Needs at least two carried values (one result is not a ``%r:1`` group)."""
+        assert len(inits) >= 2, inits
+        types = ", ".join(s.type for s in inits)
+        res = self.namer("w")
+        before = [Scalar(self.namer("wa"), s.dtype) for s in inits]
+        after = [Scalar(self.namer("wb"), s.dtype) for s in inits]
+        args = ", ".join(f"{a.name} = {s.name}" for a, s in zip(before, inits))
+        outer = self.indent
+        self.lines.append(f"{outer}{res}:{len(inits)} = scf.while ({args}) : ({types}) -> ({types}) {{")
+        self.indent = outer + "  "
+        try:
+            c = cond(self, *before)
+            self.lines.append(f"{self.indent}scf.condition({c.name}) {', '.join(a.name for a in before)} : {types}{self.loc}")
+            self.lines.append(f"{outer}}} do {{")
+            self.lines.append(f"{outer}^bb0({', '.join(f'{a.name}: {a.type}' for a in after)}):")
+            nxt = step(self, *after)
+            self.lines.append(f"{self.indent}scf.yield {', '.join(s.name for s in nxt)} : {types}{self.loc}")
+        finally:
+            self.indent = outer
+        self.lines.append(f"{outer}}}{self.loc}")
+        return [Scalar(f"{res}#{i}", s.dtype) for i, s in enumerate(inits)]
+
     def _exact(self):
         """Within: no fastmath flags (range reductions must not be reassociated)."""
         builder = self

@@ -89,7 +89,7 @@ class KernelInfo:
             (``aten.mul.Tensor``...), for the profile table.
         attrs: kind-specific facts (matmul: ``batch``, ``m``, ``n``, ``k``, ``trans_a``, ``trans_b``).
         gather: the body reads tensors at computed indices or uses loop indices (``tensor.extract``,
-            ``linalg.index``).
+            ``linalg.index``), or holds a data-dependent loop (``scf.while``): not vectorizable.
         body_ops: operations in the op's region (a size hint: register pressure when unrolling).
         fill_inits: per output, whether its initial value is a ``linalg.fill`` (a schedule fuses it
             into each tile).
