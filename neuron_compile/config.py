@@ -97,7 +97,12 @@ def _coerce(name: str, raw: Any, default: Any) -> Any:
     if isinstance(default, bool):
         if isinstance(raw, bool):
             return raw
-        return str(raw).strip().lower() in ("1", "true", "yes", "on")
+        word = str(raw).strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{raw!r} is not one of 1/true/yes/on or 0/false/no/off")
     if isinstance(default, int):
         return int(raw)
     if isinstance(default, float):

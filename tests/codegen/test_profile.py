@@ -37,3 +37,22 @@ def test_unprofiled_executables_have_no_counters(tmp_path):
     exe_out = neuron_compile(lambda x: x.exp() + 1, options={"cache_dir": str(tmp_path)})(torch.randn(5))
     assert exe_out.shape == (5,)
     assert all(e.profile is not None for e in profile._profiled)
+
+
+def test_fused_chain_members_name_the_kernel_holding_their_time(tmp_path):
+    # layer_norm's kernels run as one fused-rows loop nest; the members whose slot holds no time
+    # must not print a rate computed from that (near-zero) time
+    from neuron_compile import profile
+    x = torch.randn(512, 256)
+    compiled = neuron_compile(lambda t: F.layer_norm(t, (256,)), options={"profile": True, "cache_dir": str(tmp_path)})
+    for _ in range(2):
+        compiled(x)
+    exe, = [e for e in profile._profiled if e.profile is not None and any(
+        k["schedule"]["strategy"] == "fused-rows" and k["ranges"] == [512, 256] for k in e.kernels)]
+    rows = [r for r in profile.rows(exe) if r["kernel"] != "-"]
+    fused = [r for r in rows if r["schedule"] == "fused-rows"]
+    assert len(fused) >= 2
+    holders = [r for r in fused if not r["rate"].startswith("(in kernel")]
+    assert len(holders) == 1 and holders[0]["rate"].endswith("GB/s")
+    assert all(r["rate"] == f"(in kernel {holders[0]['kernel']})" for r in fused if r is not holders[0])
+    profile.reset()

@@ -24,6 +24,12 @@ def test_bad_option_values_name_the_option_and_source():
         resolve_config(None, {"NEURON_OPT_LEVEL": "fast"})
     with pytest.raises(NeuronCompileError, match="0..3"):
         resolve_config({"opt_level": 7}, {})
+    with pytest.raises(NeuronCompileError, match="profile='maybe'.*options"):
+        resolve_config({"profile": "maybe"}, {})
+    with pytest.raises(NeuronCompileError, match="NEURON_PROFILE"):
+        resolve_config(None, {"NEURON_PROFILE": "2"})
+    assert resolve_config({"profile": "yes"}, {}).profile is True
+    assert resolve_config(None, {"NEURON_PROFILE": "off"}).profile is False
 
 
 def test_codegen_key_holds_only_fields_that_change_code():
