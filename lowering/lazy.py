@@ -84,6 +84,20 @@ class _Leaves:
         return self._index[key]
 
 
+def emit_shared(b: Any, lazy: LazyTensor, scalars: Sequence[Scalar]) -> Scalar:
+    """``lazy.fn(b, scalars)``, emitted once per region: a fused value read by several consumers
+    in one body (each term of Clenshaw's or any recurrence is read by the next two steps) reuses
+    the first emission instead of re-emitting its whole expression tree at every use, which grows
+    the body exponentially with the chain length (220 MB of MLIR for one Bessel K1). Keyed by the
+    builder's nesting (a value defined inside a nested region is not visible outside it)."""
+    memo = b.__dict__.setdefault("_lazy_memo", {})
+    key = (id(lazy), tuple(s.name for s in scalars), b.indent)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = (lazy, lazy.fn(b, scalars))   # holding ``lazy`` keeps its id unique
+    return hit[1]
+
+
 def pointwise(fn: Callable[..., Scalar], operands: Sequence[Any], out_shape: Sequence[int],
               out_dtype: torch.dtype, compute_dtypes: Sequence[torch.dtype | None],
               py_dtype: Callable[[Any], torch.dtype]) -> LazyTensor:
@@ -112,7 +126,7 @@ def pointwise(fn: Callable[..., Scalar], operands: Sequence[Any], out_shape: Seq
             if kind == "leaf":
                 s = scalars[what]
             elif kind == "lazy":
-                s = what[0].fn(b, [scalars[i] for i in what[1]])
+                s = emit_shared(b, what[0], [scalars[i] for i in what[1]])
             else:
                 s = b.const(what, cdt if cdt is not None else py_dtype(what))
             vals.append(b.cast(s, cdt) if cdt is not None else s)

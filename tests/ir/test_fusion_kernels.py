@@ -80,3 +80,22 @@ def test_mlp_and_attention_fuse_to_at_most_half_as_many_kernels_as_aten_ops(whic
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     for (name, p), pr in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, pr.grad, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def _fibonacci_chain(x, steps):
+    a, b = x, x + 1
+    for _ in range(steps):
+        a, b = b, a * b + 0.5      # every value is read by the next two steps
+    return b
+
+
+def test_a_fused_value_read_twice_is_emitted_once():
+    # a fused chain where each value has two consumers stays one kernel whose body grows linearly
+    # with the chain (re-emitting a value at each use doubles the body per step: 2^30 here)
+    x = torch.rand(64)
+    short = lower(lambda t: _fibonacci_chain(t, 10), x)[1]
+    long = lower(lambda t: _fibonacci_chain(t, 30), x)[1]
+    assert len(short.kernels) == len(long.kernels) == 1
+    assert len(long.mlir) < 4 * len(short.mlir)
+    ref = _fibonacci_chain(x.double(), 6).float()
+    torch.testing.assert_close(nc(lambda t: _fibonacci_chain(t, 6))(x), ref, rtol=1e-5, atol=1e-6)
