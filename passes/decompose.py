@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
-from neuron_compile.passes import (distance, embedding, foreach, histogram, householder, jacobi, linalg, sampling,
-                                   separable, special, transformer, view_scatter)
+from neuron_compile.passes import (bessel, distance, embedding, erf_family, foreach, histogram, householder, jacobi,
+                                   linalg, sampling, separable, special, transformer, view_scatter)
 
 aten = torch.ops.aten
 
@@ -420,10 +420,32 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
         _sdpa_flash_cpu_backward, "FlashAttention backward as matmuls (the forward is in the core table)"),
+    aten.erfinv.default: (erf_family.erfinv, "ATen calc_erfinv's start + 3 Newton steps (erfc residual), float64"),
+    aten.special_ndtri.default: (erf_family.ndtri, "ATen/Cephes ndtri: three rational approximations, float64"),
+    aten.special_erfcx.default: (erf_family.erfcx, "ATen/Johnson erfcx: 100-piece table gathered, continued fraction"),
+    aten.special_log_ndtr.default: (erf_family.log_ndtr, "ATen calc_log_ndtr (split at x < -1), float64"),
     aten.lgamma.default: (special.lgamma, "Lanczos (g=7, n=9) + reflection, float64 elementwise"),
     aten.digamma.default: (special.digamma, "ATen calc_digamma: reflection, fixed shift of 10, asymptotic series"),
     aten.polygamma.default: (special.polygamma, "digamma / ATen trigamma / (-1)^(n+1) n! zeta(n+1, x)"),
     aten.special_zeta.default: (special.zeta, "ATen zeta: 10 direct terms + Euler-Maclaurin, unrolled"),
+    aten.i0.default: (bessel.i0, "ATen calc_i0: Chebyshev series on [0, 8] and (8, inf), float64"),
+    aten.special_i0e.default: (bessel.i0e, "ATen calc_i0e: Chebyshev series on [0, 8] and (8, inf), float64"),
+    aten.special_i1.default: (bessel.i1, "ATen calc_i1: Chebyshev series on [0, 8] and (8, inf), float64"),
+    aten.special_i1e.default: (bessel.i1e, "ATen calc_i1e: Chebyshev series on [0, 8] and (8, inf), float64"),
+    aten.special_bessel_j0.default: (bessel.bessel_j0, "ATen bessel_j0_forward: rational on [0, 5], Hankel form above"),
+    aten.special_bessel_j1.default: (bessel.bessel_j1, "ATen bessel_j1_forward: rational on [0, 5], Hankel form above"),
+    aten.special_bessel_y0.default: (bessel.bessel_y0, "ATen bessel_y0_forward: rational + (2/pi) log(x) J0, Hankel"),
+    aten.special_bessel_y1.default: (bessel.bessel_y1, "ATen bessel_y1_forward: rational + (2/pi) log(x) J1, Hankel"),
+    aten.special_modified_bessel_i0.default: (bessel.modified_bessel_i0, "ATen modified_bessel_i0_forward (= calc_i0)"),
+    aten.special_modified_bessel_i1.default: (bessel.modified_bessel_i1, "ATen modified_bessel_i1_forward, Chebyshev"),
+    aten.special_modified_bessel_k0.default: (bessel.modified_bessel_k0, "ATen modified_bessel_k0_forward, Chebyshev"),
+    aten.special_modified_bessel_k1.default: (bessel.modified_bessel_k1, "ATen modified_bessel_k1_forward, Chebyshev"),
+    aten.special_scaled_modified_bessel_k0.default: (bessel.scaled_modified_bessel_k0,
+                                                     "ATen scaled_modified_bessel_k0_forward, Chebyshev"),
+    aten.special_scaled_modified_bessel_k1.default: (bessel.scaled_modified_bessel_k1,
+                                                     "ATen scaled_modified_bessel_k1_forward, Chebyshev"),
+    aten.special_spherical_bessel_j0.default: (bessel.spherical_bessel_j0, "sin(x)/x; Taylor series for |x| < 0.5"),
+    aten.special_airy_ai.default: (bessel.airy_ai, "ATen airy_ai_forward: asymptotic forms, power series (masked)"),
 }
 
 OURS.update(foreach.table())  # the optimizers' _foreach_* ops, one entry per overload
