@@ -17,6 +17,10 @@ generated code calls besides libc/libm is defined here and compiled with the hos
 - ``memref.alloc``'s allocation functions (``finalize-memref-to-llvm{use-generic-functions}``):
   malloc with a small cache of freed large blocks, so temporaries do not cost page faults on every
   call.
+- ``__truncsfbf2`` (float32 → bfloat16), the compiler-rt helper LLVM calls when it legalizes
+  bfloat16 arithmetic that opt itself creates (``fabs(fpext(x))`` becomes ``fpext(fabs.bf16(x))``):
+  GCC 12's libgcc lacks it (GCC 13 added it), so a kernel linked against it would load on one host
+  and not another. The generated code itself rounds to bfloat16 in integer ops (``lowering/scalar.py``).
 - The profile counters (:mod:`neuron_compile.profile`), linked only into profiled libraries.
 """
 from __future__ import annotations
@@ -62,6 +66,21 @@ HIDDEN void memrefCopy(int64_t elem, UnrankedMemRef *src, UnrankedMemRef *dst) {
     }
     if (ax < 0) return;
   }
+}
+"""
+
+# compiler-rt's contract (lib/builtins/truncsfbf2.c): round to nearest even, a NaN stays a quiet
+# NaN with its sign and top payload bits. bfloat16 is returned in xmm0's low 16 bits, as _Float16.
+FLOAT_CONVERSIONS_C = r"""
+#include <stdint.h>
+#include <string.h>
+HIDDEN _Float16 __truncsfbf2(float f) {
+  uint32_t b;
+  union { uint16_t u; _Float16 h; } r;
+  memcpy(&b, &f, sizeof b);
+  if ((b & 0x7fffffffu) > 0x7f800000u) r.u = (uint16_t)((b >> 16) | 0x40u);
+  else r.u = (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+  return r.h;
 }
 """
 
@@ -196,7 +215,7 @@ void neuron_runtime_trim(void) {
 }
 """
 
-RUNTIME_C = PRELUDE_C + MEMREF_COPY_C + OPENMP_C + ALLOC_C
+RUNTIME_C = PRELUDE_C + MEMREF_COPY_C + FLOAT_CONVERSIONS_C + OPENMP_C + ALLOC_C
 
 
 @functools.lru_cache(maxsize=None)

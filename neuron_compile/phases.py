@@ -46,7 +46,8 @@ BUFFERIZE = ("empty-tensor-to-alloc-tensor,"
 LOOPS = "func.func(convert-linalg-to-loops),canonicalize,cse"
 # allocations go through the kernel runtime's caching allocator (neuron_compile/kernel_runtime.py)
 MEMREF_TO_LLVM = "finalize-memref-to-llvm{use-generic-functions=true}"
-TO_LLVM = (f"arith-expand{{include-bf16=true}},convert-scf-to-cf,expand-strided-metadata,lower-affine,{MEMREF_TO_LLVM},"
+TO_LLVM = ("arith-emulate-unsupported-floats{source-types=bf16 target-type=f32},"
+           f"arith-expand{{include-bf16=true}},convert-scf-to-cf,expand-strided-metadata,lower-affine,{MEMREF_TO_LLVM},"
            "convert-math-to-funcs,convert-math-to-llvm{approximate-log1p=false},convert-math-to-libm,convert-vector-to-llvm{reassociate-fp-reductions=true},convert-arith-to-llvm,"
            "convert-index-to-llvm,"
            "convert-ub-to-llvm,convert-cf-to-llvm,convert-func-to-llvm,convert-openmp-to-llvm,reconcile-unrealized-casts")
