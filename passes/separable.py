@@ -56,11 +56,23 @@ def _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_inc
                              divisor_override is None) for i in range(nd)]
 
 
-def _apply(x, mats, transpose: bool):
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _apply(x, mats, transpose: bool, divisor=None):
+    """The matrices applied along the last ``len(mats)`` dims of ``x`` (transposed for a backward),
+    then divided by ``divisor`` if given. float16/bfloat16 work in float32 and round once at the
+    end, as ATen's CPU pooling kernels accumulate in float (rounding between the per-dimension
+    passes, and the weights themselves, to bfloat16 was off by up to 0.25 relative)."""
+    dtype = x.dtype
+    if dtype in _HALF:
+        x = x.float()
     nd = len(mats)
     for i, m in enumerate(mats):
         x = _along(x, x.dim() - nd + i, m.t() if transpose else m)
-    return x
+    if divisor is not None:
+        x = x / divisor
+    return x.to(dtype)
 
 
 def avg_pool(nd: int):
@@ -79,8 +91,7 @@ def avg_pool(nd: int):
             return torch.div(sums, count, rounding_mode="trunc")
         mats = _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                   divisor_override)
-        out = _apply(x, mats, transpose=False)
-        return out / divisor_override if divisor_override is not None else out
+        return _apply(x, mats, transpose=False, divisor=divisor_override)
     return fn
 
 
@@ -90,8 +101,7 @@ def avg_pool_backward(nd: int):
     def fn(grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
         mats = _avg_pool_matrices(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                   divisor_override)
-        g = _apply(grad_output, mats, transpose=True)
-        return g / divisor_override if divisor_override is not None else g
+        return _apply(grad_output, mats, transpose=True, divisor=divisor_override)
     return fn
 
 

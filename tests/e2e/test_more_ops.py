@@ -352,3 +352,19 @@ def test_mode_counts_each_nan_as_its_own_value():
         best = max(counts.values())
         expect = min(e for e, c in counts.items() if c == best)
         assert v == expect and i == max(j for j, e in enumerate(row) if e == expect)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_separable_pools_in_half_precision_round_once_like_eager(dtype):
+    # ATen accumulates in float and rounds once; rounding each per-dimension pass (and the window
+    # weights) to bfloat16 was off by up to 0.25 relative
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 9, 9) * 10).to(dtype)
+    for f in (lambda t: F.avg_pool2d(t, 3, 1, 1, ceil_mode=True, count_include_pad=False, divisor_override=2),
+              lambda t: F.avg_pool2d(t, 3, 2, 1), lambda t: F.adaptive_avg_pool2d(t, (4, 5))):
+        ours, eager = neuron_compile(f)(x), f(x)
+        exact = f(x.double())
+        assert ours.dtype == dtype
+        # no further from the exact value than eager's own rounding (plus one half-precision ulp)
+        ulp = torch.finfo(dtype).eps * exact.abs()
+        assert bool(((ours.double() - exact).abs() <= (eager.double() - exact).abs() + ulp).all())
