@@ -41,6 +41,12 @@ def _maps(k: int, w: TensorValue, stride, dilation, groups: int):
     return x_map, w_map, out_map
 
 
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """The accumulator dtype: float16/bfloat16 convolutions sum in float32 and round once, as
+    ATen's CPU kernels (a bfloat16 accumulator rounded every product: 1.4 ulp off on 27 terms)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _mac(dtype: torch.dtype):
     """The contraction body ``acc + u·v`` with both operands cast to ``dtype``."""
     def body(b, args):
@@ -60,14 +66,15 @@ def _transposed(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stri
     stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
     x_map, w_map, g_map = _maps(k, w, stride, dilation, groups)
     padded = list(shape[:2]) + [shape[2 + i] + 2 * padding[i] for i in range(k)]
-    out = ctx.generic([x, w], [g_map, w_map], ctx.fill(padded, dtype, 0), x_map,
-                      ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), _mac(dtype))
+    acc = _acc(dtype)
+    out = ctx.generic([x, w], [g_map, w_map], ctx.fill(padded, acc, 0), x_map,
+                      ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), _mac(acc))
     if any(padding):
         out = ctx.extract_slice(out, [0, 0] + padding, list(shape), [1] * len(shape))
     if bias is None:
-        return out
+        return ctx.cast(out, dtype)
     b = ctx.reshape(ctx.materialize(bias), (shape[1],) + (1,) * k)
-    return ctx.elementwise(lambda s, o, bb: s.add(o, bb), [out, b], shape, dtype)
+    return ctx.elementwise(lambda s, o, bb: s.add(o, bb), [out, b], shape, dtype, compute_dtype=acc)
 
 
 def _forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, acc: TensorValue, stride, padding, dilation,
@@ -86,7 +93,9 @@ def _grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w: Tensor
     k = x.rank - 2
     x_pad, _, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
     iters = ["reduction", "parallel"] + ["reduction"] * k + ["parallel"] * (1 + k)
-    return ctx.generic([g, x_pad], [g_map, x_map], ctx.fill(w.shape, g.dtype, 0), w_map, iters, _mac(g.dtype))
+    acc = _acc(g.dtype)
+    return ctx.cast(ctx.generic([g, x_pad], [g_map, x_map], ctx.fill(w.shape, acc, 0), w_map, iters, _mac(acc)),
+                    g.dtype)
 
 
 @register_lowering(aten.convolution.default)
@@ -97,12 +106,13 @@ def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias
         return _transposed(ctx, x, w, bias, stride, padding, dilation, groups)
     shape, dtype = ctx.out_spec()
     k, oc = x.rank - 2, w.shape[0]
+    acc_dtype = _acc(dtype)
     if bias is not None:
-        acc = ctx.materialize(ctx.broadcast_to(ctx.cast(ctx.reshape(ctx.materialize(bias), (oc,) + (1,) * k), dtype),
-                                               shape), kernel=False)
+        acc = ctx.materialize(ctx.broadcast_to(ctx.cast(ctx.reshape(ctx.materialize(bias), (oc,) + (1,) * k),
+                                                        acc_dtype), shape), kernel=False)
     else:
-        acc = ctx.fill(shape, dtype, 0)
-    return _forward(ctx, x, w, acc, stride, padding, dilation, groups)
+        acc = ctx.fill(shape, acc_dtype, 0)
+    return ctx.cast(_forward(ctx, x, w, acc, stride, padding, dilation, groups), dtype)
 
 
 @register_lowering(aten.convolution_backward.default)
@@ -123,14 +133,16 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     k = x.rank - 2
     dtype = grad.dtype
     results = []
+    acc = _acc(dtype)
     if output_mask[0] and transposed:
-        results.append(_forward(ctx, grad, w, ctx.fill(list(x.shape), dtype, 0), stride, padding, dilation, groups))
+        results.append(ctx.cast(_forward(ctx, grad, w, ctx.fill(list(x.shape), acc, 0), stride, padding, dilation,
+                                         groups), dtype))
     elif output_mask[0]:
         x_pad, pad, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
-        gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(list(x_pad.shape), dtype, 0), x_map,
-                         ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), _mac(dtype))
-        results.append(ctx.extract_slice(gx, [0, 0] + list(pad), list(x.shape), [1] * x.rank)
-                       if any(pad) else gx)
+        gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(list(x_pad.shape), acc, 0), x_map,
+                         ["parallel", "reduction"] + ["reduction"] * (2 * k + 1), _mac(acc))
+        results.append(ctx.cast(ctx.extract_slice(gx, [0, 0] + list(pad), list(x.shape), [1] * x.rank)
+                                if any(pad) else gx, dtype))
     else:
         results.append(None)
     if output_mask[1]:
@@ -140,7 +152,7 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
         results.append(None)
     if output_mask[2]:
         total = ctx.reduce(grad, [0] + list(range(2, grad.rank)), False, 0, lambda b, a, v: b.add(a, v),
-                           torch.float64 if dtype == torch.float32 else dtype)
+                           torch.float64 if dtype == torch.float32 else acc)
         results.append(ctx.materialize(ctx.cast(total, dtype)))
     else:
         results.append(None)

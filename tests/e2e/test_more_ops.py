@@ -368,3 +368,23 @@ def test_separable_pools_in_half_precision_round_once_like_eager(dtype):
         # no further from the exact value than eager's own rounding (plus one half-precision ulp)
         ulp = torch.finfo(dtype).eps * exact.abs()
         assert bool(((ours.double() - exact).abs() <= (eager.double() - exact).abs() + ulp).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "conv_transpose"])
+def test_half_precision_convolutions_accumulate_in_float32(dtype, transposed):
+    # a float16/bfloat16 accumulator rounded every product: results and gradients were more than
+    # one ulp off; ATen sums in float32 and rounds once
+    torch.manual_seed(0)
+    conv = (nn.ConvTranspose2d(4, 5, 3, stride=2, padding=1) if transposed else nn.Conv2d(4, 5, 3, padding=1))
+    x64 = torch.randn(2, 4, 6, 6, dtype=torch.float64) * 4
+    results = {}
+    for name, dt in (("ours", dtype), ("eager", dtype), ("exact", torch.float64)):
+        m = copy.deepcopy(conv).to(dt)
+        x = x64.to(dt).requires_grad_()
+        y = (neuron_compile(m) if name == "ours" else m)(x)
+        y.backward(torch.ones_like(y))
+        results[name] = [t.detach().double() for t in (y, x.grad, m.weight.grad, m.bias.grad)]
+    for ours, eager, exact in zip(*results.values()):
+        ulp = torch.finfo(dtype).eps * exact.abs() + 1e-6
+        assert bool(((ours - exact).abs() <= (eager - exact).abs() + ulp).all())
