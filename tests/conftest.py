@@ -35,8 +35,8 @@ def pytest_addoption(parser):
     group.addoption("--opinfo", choices=("ci", "full"), default="ci",
                     help="ci: the first sample of a deterministic subset of cases (the default); "
                          "full: every sample of every case (run with -n 2; prints the coverage table)")
-    group.addoption("--opinfo-dtypes", default="float32,int64,bool",
-                    help="comma-separated dtypes to sweep (default: float32,int64,bool)")
+    group.addoption("--opinfo-dtypes", default="float32,int64,bool,float16,bfloat16",
+                    help="comma-separated dtypes to sweep (default: float32,int64,bool,float16,bfloat16)")
     group.addoption("--opinfo-collect", action="store_true",
                     help="rewrite tests/opinfo/expectations.py from this run's outcomes instead of "
                          "checking them (wrong results and crashes still fail)")

@@ -42,8 +42,10 @@ def _call_unseeded(op, *args, **kwargs):
 
 _cmi.wrapper_set_seed = _call_unseeded  # the OpInfo lambdas look the name up in this module
 
-F32, I64, BOOL = torch.float32, torch.int64, torch.bool
-DTYPES = (F32, I64, BOOL)
+F32, I64, BOOL, F16, BF16 = torch.float32, torch.int64, torch.bool, torch.float16, torch.bfloat16
+DTYPES = (F32, I64, BOOL, F16, BF16)
+# floating dtypes whose results may also pass by being as close to eager-at-float64 as eager's own
+LOW_PRECISION = (F32, F16, BF16)
 SAMPLE_TIMEOUT_S = 300
 OUTCOMES = ("pass", "unsupported", "dynamo", "wrong", "crash", "hang")
 # How far a case's outcome is from a pass: a case's outcome is its worst sample's.
@@ -101,9 +103,15 @@ def cases(dtypes=DTYPES) -> list[tuple[object, torch.dtype]]:
 
 
 def in_ci_sample(opinfo, dtype) -> bool:
-    """The deterministic CI subset: every float32 case, and int64/bool for a third of the ops
-    (chosen by a CRC of the op's name, so the subset never changes between runs)."""
-    return dtype == F32 or zlib.crc32(op_id(opinfo).encode()) % 3 == 0
+    """The deterministic CI subset: every float32 case, int64/bool for a third of the ops, and
+    float16/bfloat16 for two other disjoint quarters of the ops (chosen by a CRC of the op's name,
+    so the subset never changes between runs; every dtype path of the lowering is exercised)."""
+    crc = zlib.crc32(op_id(opinfo).encode())
+    if dtype == F32:
+        return True
+    if dtype in (F16, BF16):
+        return crc % 4 == (1 if dtype == F16 else 2)
+    return crc % 3 == 0
 
 
 def tolerances(opinfo, dtype) -> tuple[float | None, float | None]:
@@ -298,15 +306,15 @@ def compare(opinfo, dtype, got, expected, sample=None) -> SampleResult:
 
 
 def _as_accurate_as_eager(opinfo, sample, got, expected, rtol, atol) -> bool:
-    """Whether every float32 result is at least as close to eager-at-float64 as eager's own float32
-    result is, within the tolerances: ``|got - ref64| <= |eager - ref64| + atol + rtol·|ref64|``.
+    """Whether every float32 (float16, bfloat16) result is at least as close to eager-at-float64 as
+    eager's own result is, within the tolerances: ``|got - ref64| <= |eager - ref64| + atol + rtol·|ref64|``.
 
     A sum of many terms (a weighted histogram, a long reduction) rounds differently in another
     order; ours is not wrong when it is no further from the exact value than eager's (the float64
     reference standard of PyTorch's own ``test_ops`` for reduced precision)."""
     if torch.float64 not in opinfo.supported_dtypes("cpu"):
         return False
-    up = tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.dtype == F32 else t,
+    up = tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION else t,
                   ((sample.input, *sample.args), sample.kwargs))
     try:
         torch.manual_seed(0)
@@ -314,17 +322,18 @@ def _as_accurate_as_eager(opinfo, sample, got, expected, rtol, atol) -> bool:
     except Exception:  # noqa: BLE001 - no float64 reference: the float32 comparison stands
         return False
     flat = list(zip(tree_leaves(got), tree_leaves(expected), tree_leaves(ref)))
-    rtol = rtol if rtol is not None else 1.3e-6
-    atol = atol if atol is not None else 1e-5
+    from torch.testing._comparison import default_tolerances
     for g, e, r in flat:
-        if not isinstance(g, torch.Tensor) or g.dtype != F32 or not isinstance(r, torch.Tensor):
+        if not isinstance(g, torch.Tensor) or g.dtype not in LOW_PRECISION or not isinstance(r, torch.Tensor):
             if not isinstance(g, torch.Tensor) or g.dtype != e.dtype or not torch.equal(g, e):
                 return False
             continue
+        rt, at = default_tolerances(g.dtype)
+        rt, at = (rtol if rtol is not None else rt), (atol if atol is not None else at)
         r = r.double()
         err_got, err_eager = (g.double() - r).abs(), (e.double() - r).abs()
         nan_ok = torch.isnan(g) == torch.isnan(r)
-        ok = (err_got <= err_eager + atol + rtol * r.abs()) | (torch.isnan(g) & torch.isnan(r))
+        ok = (err_got <= err_eager + at + rt * r.abs()) | (torch.isnan(g) & torch.isnan(r))
         if not bool((ok & nan_ok).all()):
             return False
     return True

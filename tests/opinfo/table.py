@@ -14,7 +14,8 @@ import torch
 from tests.opinfo.harness import SEVERITY, op_id
 
 TABLE_PATH = Path(__file__).with_name("expectations.py")
-DTYPE_NAMES = {torch.float32: "F32", torch.int64: "I64", torch.bool: "BOOL"}
+DTYPE_NAMES = {torch.float32: "F32", torch.int64: "I64", torch.bool: "BOOL", torch.float16: "F16",
+               torch.bfloat16: "BF16"}
 
 HEADER = '''"""Expected outcome of each OpInfo (op, dtype) case that does not pass. GENERATED: do not edit.
 
@@ -23,7 +24,7 @@ every sample). A case that is not listed must pass; ``unsupported`` means some s
 UnsupportedOpsError (the comment names the ATen ops), ``dynamo`` that Dynamo refuses to capture some
 samples under fullgraph=True before our backend runs. Wrong results and crashes are never entries.
 """
-from tests.opinfo.harness import BOOL, F32, I64, op
+from tests.opinfo.harness import BF16, BOOL, F16, F32, I64, op
 
 EXPECTED = [
 '''
