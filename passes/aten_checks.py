@@ -5,8 +5,10 @@ Fake-tensor tracing uses meta functions, and some of ATen's checks exist only in
 raises ``RuntimeError: expected m1 and m2 to have the same dtype``; ``softmax`` of an integer
 tensor and ``fill_(300)`` of a uint8 one return values where eager raises. :func:`check_arguments`
 calls each such op of the graph (:data:`PROBED`: the matmul family of ``aten/src/ATen/native/Blas.cpp``
-and ``LinearAlgebra.cpp``, softmax, fill) once on all-ones tensors of the same dtypes and ranks,
-every dim 1, so shapes always agree and only the dtype and value checks can fire. An exception becomes an
+and ``LinearAlgebra.cpp``, softmax, fill; and the ops we decompose whose CPU kernels implement only
+some dtypes, :data:`DTYPE_LIMITED`: special functions, orthogonal polynomials, 3-D average pooling,
+antialiased resize) once on all-ones tensors of the same dtypes and ranks, every dim 1 (the real
+shapes for :data:`SHAPED` ops), so shapes always agree and only the dtype and value checks can fire. An exception becomes an
 :class:`~neuron_compile.errors.ArgumentCheckError` with ATen's exact text and the user's line, so a
 compiled call raises where eager raises instead of returning a value.
 """
@@ -31,8 +33,27 @@ PROBED = frozenset({
     torch.matmul, operator.matmul, F.linear,
     torch.softmax, torch.log_softmax, F.softmax, F.log_softmax,    # not implemented for integer dtypes
 })
+# Ops we decompose whose CPU kernels implement only some dtypes (the special functions and
+# orthogonal polynomials: float32/float64, "bessel_j0_cpu" not implemented for 'BFloat16'; the 3-D
+# average pool and antialiased resize: no float16/bfloat16), probed in every dtype.
+_SPECIAL = ("bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0", "modified_bessel_i1",
+            "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1",
+            "spherical_bessel_j0", "airy_ai", "erfcx", "ndtri", "log_ndtr", "i0e", "i1", "i1e",
+            *(f"{s}chebyshev_polynomial_{k}" for s in ("", "shifted_") for k in "tuvw"),
+            "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p")
+DTYPE_LIMITED = frozenset(
+    [getattr(torch.special, n) for n in _SPECIAL]
+    + [o for n in _SPECIAL for o in (getattr(getattr(aten, f"special_{n}"), ov, None)
+                                     for ov in ("default", "x_scalar", "n_scalar")) if o is not None]
+    + [torch.i0, torch.special.i0, torch.erfinv, torch.special.erfinv, aten.i0.default, aten.erfinv.default,
+       F.avg_pool3d, aten.avg_pool3d.default, F.interpolate,
+       aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default])
+PROBED = PROBED | DTYPE_LIMITED
+# probed at the real shapes (their checks also compare sizes with the kernel and output sizes)
+SHAPED = frozenset({F.avg_pool3d, aten.avg_pool3d.default, F.interpolate, aten._upsample_bilinear2d_aa.default,
+                    aten._upsample_bicubic2d_aa.default})
 PROBED_METHODS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
-                            "__matmul__", "softmax", "log_softmax"})
+                            "__matmul__", "softmax", "log_softmax", "i0", "erfinv"})
 # Fills whose value must fit the dtype (uint8 300, float16 1e5). Probed on 2 elements: ATen's
 # one-element fill path skips the overflow check for float16/bfloat16.
 FILLS = frozenset({aten.fill.Scalar, aten.masked_fill.Scalar, torch.full, torch.full_like, torch.fill,
@@ -45,11 +66,13 @@ PROBE_WITH = {
 }
 
 
-def _probe(a: object, fill: bool = False) -> object:
+def _probe(a: object, fill: bool = False, shaped: bool = False) -> object:
     if not isinstance(a, torch.fx.Node):
         return a
     val = a.meta.get("val", a.meta.get("example_value"))
     if isinstance(val, torch.Tensor):
+        if shaped:
+            return torch.ones([int(d) for d in val.shape], dtype=val.dtype)
         return torch.ones(2 if fill and val.dim() else [1] * val.dim(), dtype=val.dtype)
     return a
 
@@ -69,7 +92,8 @@ def check_arguments(gm: torch.fx.GraphModule) -> None:
         if not method and (n.op != "call_function" or n.target not in PROBED | FILLS):
             continue
         fill = n.target in FILL_METHODS | FILLS
-        args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: _probe(a, fill))
+        shaped = n.target in SHAPED
+        args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: _probe(a, fill, shaped))
         if any(isinstance(a, torch.fx.Node) for a in args):
             continue  # an argument without a recorded value: nothing to probe with
         with unset_fake_temporarily():

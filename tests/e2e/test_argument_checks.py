@@ -38,6 +38,13 @@ CASES = {
     "new_full uint8 with 256": (lambda x: x + x.new_full((3,), 256), lambda: (torch.zeros(3, dtype=torch.uint8),)),
     "fill_ float16 with 1e5": (lambda x: x.clone().fill_(1e5), lambda: (torch.zeros(3, dtype=torch.float16),)),
     "full bfloat16 with 1e39": (lambda x: x + torch.full((3,), 1e39, dtype=bf16), lambda: (torch.zeros(3, dtype=bf16),)),
+    # kernels implemented for float32/float64 only, whose decompositions would take any dtype
+    "bessel_j0 of bfloat16": (torch.special.bessel_j0, lambda: (_t(3, dtype=bf16),)),
+    "erfcx of float16": (lambda x: torch.special.erfcx(x) + 1, lambda: (_t(3, dtype=torch.float16),)),
+    "chebyshev_t of bfloat16": (lambda x: torch.special.chebyshev_polynomial_t(x, 3), lambda: (_t(3, dtype=bf16),)),
+    "avg_pool3d of bfloat16": (lambda x: F.avg_pool3d(x, 2), lambda: (_t(1, 1, 4, 4, 4, dtype=bf16),)),
+    "antialiased resize of bfloat16": (lambda x: F.interpolate(x, size=(3, 3), mode="bilinear", antialias=True),
+                                       lambda: (_t(1, 1, 6, 6, dtype=bf16),)),
 }
 
 
