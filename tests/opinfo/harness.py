@@ -104,13 +104,14 @@ def cases(dtypes=DTYPES) -> list[tuple[object, torch.dtype]]:
 
 def in_ci_sample(opinfo, dtype) -> bool:
     """The deterministic CI subset: every float32 case, int64/bool for a third of the ops, and
-    float16/bfloat16 for two other disjoint quarters of the ops (chosen by a CRC of the op's name,
-    so the subset never changes between runs; every dtype path of the lowering is exercised)."""
+    float16/bfloat16 each for a disjoint eighth of the ops (chosen by a CRC of the op's name, so the
+    subset never changes between runs; every dtype path of the lowering is exercised, and CI stays
+    within its time budget on 2 cores)."""
     crc = zlib.crc32(op_id(opinfo).encode())
     if dtype == F32:
         return True
     if dtype in (F16, BF16):
-        return crc % 4 == (1 if dtype == F16 else 2)
+        return crc % 8 == (1 if dtype == F16 else 2)
     return crc % 3 == 0
 
 
