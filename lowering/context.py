@@ -500,30 +500,36 @@ class LoweringContext:
         from neuron_compile.codegen.strategies import matmul as gemm
         from neuron_compile.lowering.gemm import emit_gemm
         target = self.body.target
-        if target is None or a.dtype != out_dtype or b.dtype != out_dtype or a.rank > 3 or a.rank != b.rank:
+        shared_a = a.rank == 2 and b.rank == 3   # one A for every batch (convolution as GEMM)
+        if target is None or a.dtype != out_dtype or b.dtype != out_dtype or b.rank > 3 or \
+                (a.rank != b.rank and not shared_a):
             return None
         sa, sb = self.body.strides.get(a.name), self.body.strides.get(b.name)
-        problem = gemm.GemmProblem(m, n, k, a.shape[0] if a.rank == 3 else 0, str(out_dtype).replace("torch.", ""),
+        problem = gemm.GemmProblem(m, n, k, b.shape[0] if b.rank == 3 else 0, str(out_dtype).replace("torch.", ""),
                                    trans_a, trans_b, _k_contiguous(sa, -2 if trans_a else -1, -1 if trans_a else -2),
-                                   not _k_contiguous(sb, -1 if trans_b else -2, -2 if trans_b else -1))
+                                   not _k_contiguous(sb, -1 if trans_b else -2, -2 if trans_b else -1), shared_a)
         ov = self.body.overrides
         forced = ov.get(str(self.body.next_kernel_id())) or ov.get("matmul") or ov.get("*")
         if (forced is not None and forced.strategy != gemm.MatmulTiled.name) or not gemm.applies(problem, target):
             return None
         params = gemm.plan(problem, target, forced.params if forced else None).params
         bias = init = None
+        row_bias = False
         if acc_init is not None:
             acc_init = self.cast(acc_init, out_dtype)
-            if a.rank == 2 and isinstance(acc_init, TensorValue) and acc_init.shape in ((n,), (1, n)):
+            if (a.rank == 2 or shared_a) and isinstance(acc_init, TensorValue) and acc_init.shape in ((n,), (1, n)):
                 bias = self.reshape(acc_init, (n,)) if acc_init.rank == 2 else acc_init
+            elif (a.rank == 2 or shared_a) and isinstance(acc_init, TensorValue) and acc_init.shape == (m, 1):
+                bias, row_bias = self.reshape(acc_init, (m,)), True
             else:
-                init = self.materialize(self.broadcast_to(acc_init, (*a.shape[:-2], m, n)), kernel=False)
-        return emit_gemm(self, a, b, problem, params, out_dtype, bias, init)
+                init = self.materialize(self.broadcast_to(acc_init, (*b.shape[:-2], m, n)), kernel=False)
+        return emit_gemm(self, a, b, problem, params, out_dtype, bias, init, row_bias)
 
     def matmul(self, a: "TensorValue | LazyTensor", b: "TensorValue | LazyTensor", out_dtype: torch.dtype,
                trans_a: bool = False, trans_b: bool = False,
                acc_init: "TensorValue | LazyTensor | None" = None) -> TensorValue:
-        """``op(a) @ op(b) (+ acc_init)`` for 2-D or batched 3-D operands.
+        """``op(a) @ op(b) (+ acc_init)`` for 2-D or batched 3-D operands (a 2-D ``a`` with a 3-D
+        ``b``: the same A for every batch).
 
         Plain operands use ``linalg.matmul``/``linalg.batch_matmul``; transposed ones a contraction
         ``linalg.generic`` whose indexing map reads the operand transposed (no copy). The
@@ -535,7 +541,7 @@ class LoweringContext:
             wide = self.matmul(a, b, torch.float32, trans_a, trans_b, acc_init)
             return self.materialize(self.cast(wide, out_dtype))
         a, b = self.materialize(a), self.materialize(b)
-        batch = a.shape[:-2]
+        batch = b.shape[:-2]   # a 2-D A with a batched B is one A for every batch
         m = a.shape[-1] if trans_a else a.shape[-2]
         k = a.shape[-2] if trans_a else a.shape[-1]
         n = b.shape[-2] if trans_b else b.shape[-1]
@@ -561,7 +567,7 @@ class LoweringContext:
         else:
             dm, dk, dn = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
             iters = ["parallel"] * (nb + 1) + ["reduction", "parallel"]
-        amap = affine_map(nb + 3, bd + ([dk, dm] if trans_a else [dm, dk]))
+        amap = affine_map(nb + 3, bd[:a.rank - 2] + ([dk, dm] if trans_a else [dm, dk]))
         bmap = affine_map(nb + 3, bd + ([dn, dk] if trans_b else [dk, dn]))
         cmap = affine_map(nb + 3, bd + [dm, dn])
 

@@ -63,13 +63,16 @@ class _Writer:
 
 
 def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: Mapping[str, Any],
-              out_dtype: torch.dtype, bias: TensorValue | None, init: TensorValue | None) -> TensorValue:
+              out_dtype: torch.dtype, bias: TensorValue | None, init: TensorValue | None,
+              row_bias: bool = False) -> TensorValue:
     """Write the GEMM ``op(a) @ op(b)`` (plus ``bias`` over N, or a full ``init`` of C's shape) as
     the ``matmul`` strategy's payload and record it as one kernel.
 
     Args:
-        a: [*batch, M, K] (or [*batch, K, M] when ``p.trans_a``); b: [*batch, K, N] (or [N, K]).
+        a: [*batch, M, K] (or [*batch, K, M] when ``p.trans_a``), no batch dim when ``p.shared_a``;
+            b: [*batch, K, N] (or [N, K]).
         params: the schedule from :func:`~neuron_compile.codegen.strategies.matmul.plan`.
+        bias: [N], or [M] when ``row_bias`` (a convolution's per-output-channel bias).
     Returns:
         C [*batch, M, N] in ``out_dtype`` (float32 or float64).
     """
@@ -83,14 +86,17 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
     mm, nm = m1 * mr, n1 * nr
     zero_b = [0] * nb
     keep_b = [[i] for i in range(nb)]
+    # A's batch dims: none when one A serves every batch (p.shared_a)
+    na = 0 if p.shared_a else nb
+    bpa, zero_a, keep_a, bda = bp[:na], zero_b[:na], keep_b[:na], (["b"] if na else [])
 
     trans_a = p.trans_a
     if params.get("transpose_a"):   # At [K, M] → A [M, K], K contiguous (see matmul.a_layout)
-        dims2 = bd2 = (["b"] if nb else []) + ["m", "k"]
-        a_shape = bp + [m, k]
+        dims2 = bd2 = bda + ["m", "k"]
+        a_shape = bpa + [m, k]
         dest = w.line(f"tensor.empty() : {w.ty(a_shape)}", a_shape)
         et = storage_type(a.dtype)
-        a = w.line(f"linalg.generic {{indexing_maps = [{_map(dims2, bd2[:nb] + ['k', 'm'])}, {_map(dims2, bd2)}], "
+        a = w.line(f"linalg.generic {{indexing_maps = [{_map(dims2, bd2[:na] + ['k', 'm'])}, {_map(dims2, bd2)}], "
                    f"iterator_types = [{_its(['parallel'] * len(dims2))}], {w.tag('transA')}}} "
                    f"ins({a.name} : {a.type}) outs({dest.name} : {dest.type}) {{\n"
                    f"    ^bb0(%x: {et}, %o: {et}):\n      linalg.yield %x : {et}\n    }} -> {dest.type}", a_shape)
@@ -98,11 +104,11 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
     packed_a = packed_b = None
     if params["pack_a"] and m1:
         if trans_a:   # At [K, M] → Ap [M/MR, K, MR]
-            src = w.slice(a, zero_b + [0, 0], bp + [k, mm])
-            packed_a = w.pack(src, "packA", list(range(nb)) + [nb + 1, nb], nb + 1, mr, bp + [m1, k, mr])
+            src = w.slice(a, zero_a + [0, 0], bpa + [k, mm])
+            packed_a = w.pack(src, "packA", list(range(na)) + [na + 1, na], na + 1, mr, bpa + [m1, k, mr])
         else:           # A [M, K] → Ap
-            src = w.slice(a, zero_b + [0, 0], bp + [mm, k])
-            packed_a = w.pack(src, "packA", None, nb, mr, bp + [m1, k, mr])
+            src = w.slice(a, zero_a + [0, 0], bpa + [mm, k])
+            packed_a = w.pack(src, "packA", None, na, mr, bpa + [m1, k, mr])
 
     def pack_b(part: str) -> TensorValue:
         if p.trans_b:   # Bt [N, K] → Bp [N/NR, K, NR]
@@ -129,13 +135,13 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
     for r in regs:
         rows, cols = r.m1 * r.mr, r.n1 * r.nr
         if r.a_packed:
-            a_op, a_map = packed_a, bd + ["m1", "k", "m0"]
+            a_op, a_map = packed_a, bda + ["m1", "k", "m0"]
         elif trans_a:
-            s = w.slice(a, zero_b + [0, r.mlo], bp + [k, rows])
-            a_op, a_map = w.expand(s, keep_b + [[nb], [nb + 1, nb + 2]], bp + [k, r.m1, r.mr]), bd + ["k", "m1", "m0"]
+            s = w.slice(a, zero_a + [0, r.mlo], bpa + [k, rows])
+            a_op, a_map = w.expand(s, keep_a + [[na], [na + 1, na + 2]], bpa + [k, r.m1, r.mr]), bda + ["k", "m1", "m0"]
         else:
-            s = w.slice(a, zero_b + [r.mlo, 0], bp + [rows, k])
-            a_op, a_map = w.expand(s, keep_b + [[nb, nb + 1], [nb + 2]], bp + [r.m1, r.mr, k]), bd + ["m1", "m0", "k"]
+            s = w.slice(a, zero_a + [r.mlo, 0], bpa + [rows, k])
+            a_op, a_map = w.expand(s, keep_a + [[na, na + 1], [na + 2]], bpa + [r.m1, r.mr, k]), bda + ["m1", "m0", "k"]
         if r.b_packed:
             b_op = pack_b(f"packB_r{r.idx}") if params["fuse_pack_b"] else packed_b
             b_map = bd + ["n1", "k", "n0"]
@@ -152,9 +158,12 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
         view_line = len(ctx.body.lines) - 1
         c_map = bd + ["m1", "m0", "n1", "n0"]
         if bias is not None:
-            bv = w.expand(w.slice(bias, [r.nlo], [cols]), [[0, 1]], [r.n1, r.nr])
+            if row_bias:
+                bv, bmap = w.expand(w.slice(bias, [r.mlo], [rows]), [[0, 1]], [r.m1, r.mr]), ["m1", "m0"]
+            else:
+                bv, bmap = w.expand(w.slice(bias, [r.nlo], [cols]), [[0, 1]], [r.n1, r.nr]), ["n1", "n0"]
             cdims = bd + ["m1", "m0", "n1", "n0"]
-            acc0 = w.line(f"linalg.generic {{indexing_maps = [{_map(cdims, ['n1', 'n0'])}, {_map(cdims, cdims)}], "
+            acc0 = w.line(f"linalg.generic {{indexing_maps = [{_map(cdims, bmap)}, {_map(cdims, cdims)}], "
                           f"iterator_types = [{_its(['parallel'] * len(cdims))}], {w.tag(f'init_r{r.idx}')}}} "
                           f"ins({bv.name} : {bv.type}) outs({view.name} : {view.type}) {{\n"
                           f"    ^bb0(%bi: {storage_type(out_dtype)}, %bo: {storage_type(out_dtype)}):\n"
@@ -195,6 +204,7 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
     ctx.body.add_kernel(KernelInfo(kid, "matmul", (p.batch or 1, m, n, k), (), tuple(operands) + (
         ctx.body.operand(c, output=True),), *ops, attrs={
             "batch": p.batch or 1, "m": m, "n": n, "k": k, "trans_a": p.trans_a, "trans_b": p.trans_b,
+            "shared_a": p.shared_a,
             "gemm": dict(params)}))
     return c
 

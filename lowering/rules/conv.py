@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from neuron_compile.lowering import conv_gemm
 from neuron_compile.lowering.context import LoweringContext
 from neuron_compile.lowering.ir import TensorValue, affine_map
 from neuron_compile.lowering.registry import register_lowering
@@ -104,6 +105,9 @@ def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias
     x, w = ctx.materialize(x), ctx.materialize(w)
     if transposed:
         return _transposed(ctx, x, w, bias, stride, padding, dilation, groups)
+    gemm = conv_gemm.forward(ctx, x, w, bias, stride, padding, dilation, groups)
+    if gemm is not None:
+        return gemm
     shape, dtype = ctx.out_spec()
     k, oc = x.rank - 2, w.shape[0]
     acc_dtype = _acc(dtype)
@@ -137,6 +141,9 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     if output_mask[0] and transposed:
         results.append(ctx.cast(_forward(ctx, grad, w, ctx.fill(list(x.shape), acc, 0), stride, padding, dilation,
                                          groups), dtype))
+    elif output_mask[0] and (gx := conv_gemm.grad_input(ctx, grad, w, x.shape, stride, padding, dilation,
+                                                        groups)) is not None:
+        results.append(gx)
     elif output_mask[0]:
         x_pad, pad, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
         gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(list(x_pad.shape), acc, 0), x_map,
@@ -145,7 +152,10 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
                                 if any(pad) else gx, dtype))
     else:
         results.append(None)
-    if output_mask[1]:
+    if output_mask[1] and not transposed and (gw := conv_gemm.grad_weight(ctx, grad, x, w.shape, stride, padding,
+                                                                         dilation, groups)) is not None:
+        results.append(gw)
+    elif output_mask[1]:
         results.append(_grad_weight(ctx, x, grad, w, stride, padding, dilation, groups) if transposed
                        else _grad_weight(ctx, grad, x, w, stride, padding, dilation, groups))
     else:

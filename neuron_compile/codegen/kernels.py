@@ -18,6 +18,7 @@ import torch
 
 KINDS = ("matmul", "pointwise", "reduction", "transpose", "copy", "loop")
 _DIM = re.compile(r"^d(\d+)$")
+_TERM = re.compile(r"^d(\d+)(?:\s*\*\s*(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,26 @@ class Operand:
         """Every index is a loop dim or 0 (a projected permutation with broadcasts): no ``d2 + d5``
         windows as convolutions and pools read."""
         return all(_DIM.match(e) or e == "0" for e in self.exprs)
+
+    def unit_window(self, contiguous: int) -> bool:
+        """Whether every index is a loop dim, 0, or a window ``dA * s + dB * t`` in which loop dim
+        ``contiguous`` appears at most once, with coefficient 1: with every other loop dim tiled to
+        one, folding the unit dims leaves a projected permutation the vectorizer takes (an im2col
+        copy with unit stride; a stride along the contiguous dim would be a gather)."""
+        seen = 0
+        for e in self.exprs:
+            if _DIM.match(e) or e == "0":
+                seen += e == f"d{contiguous}"
+                continue
+            for term in e.split("+"):
+                m = _TERM.match(term.strip())
+                if m is None:
+                    return False
+                if int(m.group(1)) == contiguous:
+                    seen += 1
+                    if m.group(2) not in (None, "1"):
+                        return False
+        return seen <= 1
 
     def dims(self) -> tuple[int | None, ...]:
         """The loop dim each tensor dim is indexed by (``None`` for a constant index)."""

@@ -66,6 +66,8 @@ class GemmProblem:
         trans_a / trans_b: the stored operand is A as [K, M] / B as [N, K] (read transposed).
         a_k_contiguous / b_n_contiguous: which dim of A / B is unit-stride in memory (a graph
             input may be a transposed view: then the stored layout and the memory layout differ).
+        shared_a: a batched product whose A is one [M, K] matrix for every batch (a convolution's
+            weight times each image's im2col columns): A has no batch dim and is packed once.
     """
 
     m: int
@@ -77,6 +79,7 @@ class GemmProblem:
     trans_b: bool
     a_k_contiguous: bool
     b_n_contiguous: bool
+    shared_a: bool = False
 
 
 def applies(p: GemmProblem, target: TargetInfo) -> bool:
@@ -134,8 +137,11 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     # transposed into a K-contiguous copy: see a_layout
     layout = a_layout(p, q["MR"])
     q["pack_a"], q["transpose_a"] = layout == "pack", layout == "transpose"
-    if p.batch:  # one block per matrix: the batch is the forall
-        q.update(MC=p.m, NC=max(p.n, q["NR"]), fuse_pack_b=True)
+    if p.batch:  # one M block per matrix: the batch is the forall
+        # N in blocks only where a whole row of panels would not stay in L2 (attention's N = 128
+        # is one block; a convolution's N = output pixels, thousands, is blocked like a GEMM's)
+        nc = max(p.n, q["NR"]) if p.n <= 2 * q["NC"] else q["NC"]
+        q.update(MC=p.m, NC=nc, fuse_pack_b=True)
     q["KC"] = min(t["KC"], l1_kc(q["MR"], q["NR"], 8 if wide else 4, target))
     return _finish(q, p, overrides)
 
@@ -427,6 +433,7 @@ class MatmulTiled:
         p = GemmProblem(**q["problem"])
         nb = 1 if p.batch else 0
         z, one = [0] * nb, [1] * nb
+        za, onea = ([], []) if p.shared_a else (z, one)   # A's ops have no batch dim when shared
         w = SequenceWriter()
 
         def part(name: str, op: str | None = None, typed: bool = False) -> str:
@@ -470,10 +477,10 @@ class MatmulTiled:
             w.tile_for(fused_init, z + [1, 0, 1, 0])
         if q.get("transpose_a"):
             tr = part("transA", "linalg.generic")
-            ft, fl = w.tile_forall(tr, one + [q["transpose_forall"], 0])
+            ft, fl = w.tile_forall(tr, onea + [q["transpose_forall"], 0])
             w.annotate(fl, "neuron.root", k.id)
             w.annotate(fl, "neuron.gemm", 1)
-            w.tile_for(ft, z + q["transpose_tile"])
+            w.tile_for(ft, za + q["transpose_tile"])
         kt = 8 if p.k % 8 == 0 else 1
         for side in ("a", "b"):
             if not q[f"pack_{side}"] or (side == "b" and q["fuse_pack_b"]):
@@ -487,8 +494,9 @@ class MatmulTiled:
               f'(!transform.op<"tensor.pad">, !transform.op<"tensor.expand_shape">, !transform.op<"linalg.transpose">)')
             trc = w.fresh("trc")
             w(f"{trc} = transform.cast {tr} : !transform.op<\"linalg.transpose\"> to {ANY}")
-            ft, fl = w.tile_forall(trc, one + [q[f"pack_forall_{side}"], 0, 0])
+            oa, za_ = (onea, za) if side == "a" else (one, z)
+            ft, fl = w.tile_forall(trc, oa + [q[f"pack_forall_{side}"], 0, 0])
             w.annotate(fl, "neuron.root", k.id)
             w.annotate(fl, "neuron.gemm", 1)
-            w.tile_for(ft, z + [q[f"pack_tile_{side}"], kt, 0])
+            w.tile_for(ft, za_ + [q[f"pack_tile_{side}"], kt, 0])
         return w.text()

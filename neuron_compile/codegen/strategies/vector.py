@@ -44,6 +44,7 @@ MIN_CHUNK = 16384    # elements: do not split work finer than this per forall it
 MIN_ELEMENTS = 64    # smaller kernels stay plain loops (nothing to gain, compile time to lose)
 BLOCK = 256          # columns per forall iteration of a column reduction
 LONG_BODY = 150      # region ops above which a step is 2 vectors instead of 4
+WINDOW_ROW = 512     # a windowed copy's contiguous extent, vectorized whole (one vector per row)
 
 _BITS = {"float64": 64, "int64": 64, "float32": 32, "int32": 32, "float16": 16, "bfloat16": 16, "int16": 16,
          "int8": 8, "uint8": 8, "bool": 8}
@@ -67,6 +68,10 @@ def classify(k: KernelInfo) -> str | None:
     if k.kind not in ("pointwise", "reduction") or k.gather or not k.ranges or math.prod(k.ranges) < MIN_ELEMENTS:
         return None
     if not all(o.affine for o in k.operands):
+        # a windowed copy (im2col): vectorized a row at a time (see Pointwise.inner)
+        c = k.contiguous_dim
+        if k.kind == "pointwise" and k.ranges[c] <= WINDOW_ROW and all(o.unit_window(c) for o in k.operands):
+            return "pointwise"
         return None
     if len({d for o in k.operands for d in o.dims() if d is not None}) < len(k.ranges):
         # a loop dim no operand reads (a unit dim of a keepdim view): "invalid indexing maps are
@@ -143,6 +148,8 @@ class _VectorStrategy:
             return None
         forall = self.forall(k, target)
         params = {"step": step(k, target), "forall": forall}
+        if not all(o.affine for o in k.operands):
+            params["window"] = True
         if any(forall) and streaming.streams([k], target):
             params["stream"] = True  # the stores of the forall annotated neuron.root = k.id
         return Schedule(self.name, params)
@@ -194,7 +201,8 @@ class Pointwise(_VectorStrategy):
 
     def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
         c, nd = k.contiguous_dim, len(k.ranges)
-        outer = [d for d in range(nd) if d != c and k.ranges[d] > 1]
+        # (a windowed accumulation, col2im, has sequential kernel-offset loops: never split them)
+        outer = [d for d in range(nd) if d != c and k.ranges[d] > 1 and k.iterators[d] == "parallel"]
         if outer:
             return _forall_over(k, outer, math.prod(k.ranges) // k.ranges[outer[0]])
         sizes = [0] * nd  # one long dim: chunks of whole vector steps
@@ -208,6 +216,20 @@ class Pointwise(_VectorStrategy):
     def inner(self, w, k, e, op, ext, scope):
         c, nd = k.contiguous_dim, len(k.ranges)
         sizes = [1 if d != c and (ext[d] is None or ext[d] > 1) else 0 for d in range(nd)]
+        if not all(o.affine for o in k.operands):
+            # windowed reads (im2col: the input at ow + kw): rows of one, the unit dims folded
+            # (the window's other terms become constants of the slice), then the whole row is
+            # one vector. Folding rebuilds the generic without its tags: matched inside the loop.
+            _, loops = w.tile_for(op, sizes)
+            where = loops[-1] if loops else scope
+            w(f"transform.apply_patterns to {where} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
+              f": !transform.any_op")
+            w.canonicalize(where)
+            lin = w.fresh("win")
+            w(f"{lin} = transform.structured.match interface{{LinalgOp}} in {where} : (!transform.any_op) -> "
+              f"!transform.any_op")
+            w.vectorize(lin)
+            return
         n_c = ext[c]
         tile_c = n_c is None or n_c > e
         if tile_c:

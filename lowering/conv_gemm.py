@@ -1,0 +1,161 @@
+"""Convolutions as GEMMs: im2col (or col2im) copies around the tiled ``matmul`` strategy.
+
+A convolution ``y[n] = W[OC, C·KK] @ cols(x[n])`` is one product per image over the *im2col*
+matrix ``cols(x[n])`` [C·KK, OH·OW] (Chellapilla, Puri, Simard, *High Performance Convolutional
+Neural Networks for Document Processing*, 2006; Caffe's layout, so the product is NCHW), and its
+gradients are products too (PyTorch's ``convolution_backward`` semantics):
+
+- grad_weight ``= Σ_n g[n] @ cols(x[n])ᵀ`` (a batched ``A @ Bᵀ``, then a sum over images);
+- grad_input ``= col2im(Wᵀ @ g[n])``: every column entry added back to the input position it was
+  copied from (the adjoint of im2col).
+
+The im2col and col2im copies are windowed ``linalg.generic`` ops (``o·stride + k·dilation``);
+with unit stride the ``pointwise`` strategy vectorizes them a row at a time. Measured against the
+single contraction they replace (loops strategy), 2026-12-03, Sapphire Rapids, 1 thread: a 3×3
+64→64 convolution at 56×56, batch 8, 250 ms → 29 ms (eager 15 ms).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from neuron_compile.lowering.context import LoweringContext
+from neuron_compile.lowering.ir import TensorValue, affine_map
+
+
+def _per_dim(v: Sequence[int], k: int) -> list[int]:
+    return list(v) * (k if len(v) == 1 else 1)
+
+
+def _window(k: int, stride: Sequence[int], dilation: Sequence[int]) -> str:
+    """The map from loops (n, c, kernel spatial..., out spatial...) to the padded input."""
+    return affine_map(2 + 2 * k, ["d0", "d1"] + [f"d{2 + k + i} * {stride[i]} + d{2 + i} * {dilation[i]}"
+                                                 for i in range(k)])
+
+
+def _pad(ctx: LoweringContext, x: TensorValue, padding: Sequence[int]) -> TensorValue:
+    if not any(padding):
+        return x
+    shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * p for i, p in enumerate(padding)]
+    return ctx.insert_slice(x, ctx.fill(shape, x.dtype, 0), [0, 0] + list(padding))
+
+
+def _plain(ks: Sequence[int], stride: Sequence[int], padding: Sequence[int]) -> bool:
+    """A 1×1 kernel with unit stride and no padding: the im2col matrix is the input itself."""
+    return all(s == 1 for s in ks) and all(s == 1 for s in stride) and not any(padding)
+
+
+def im2col(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spatial: Sequence[int],
+           stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> TensorValue:
+    """The im2col matrices of ``x`` [N, C, in spatial...] for a kernel of spatial size ``ks``:
+    [N, C·prod(ks), prod(out_spatial)], row ``(c, kk)`` column ``o`` holding the zero-padded input
+    at ``o·stride + kk·dilation``. Per-dim lists (``stride`` etc.) have one entry per spatial dim."""
+    n, c, k = x.shape[0], x.shape[1], len(ks)
+    rows, cols = c * math.prod(ks), math.prod(out_spatial)
+    if _plain(ks, stride, padding):
+        return ctx.reshape(x, (n, rows, cols))
+    xp = _pad(ctx, x, padding)
+    shape = [n, c, *ks, *out_spatial]
+    col = ctx.generic([xp], [_window(k, stride, dilation)], ctx.empty(shape, x.dtype), ctx.identity_map(2 + 2 * k),
+                      ["parallel"] * (2 + 2 * k), lambda b, args: args[0])
+    return ctx.reshape(col, (n, rows, cols))
+
+
+def col2im(ctx: LoweringContext, cols: TensorValue, c: int, ks: Sequence[int], out_spatial: Sequence[int],
+           in_shape: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+           dilation: Sequence[int]) -> TensorValue:
+    """The adjoint of :func:`im2col`: ``cols`` [N, C·prod(ks), prod(out_spatial)] summed into an
+    input-shaped [N, C, in spatial...] tensor (each entry added where im2col read it; padding
+    cropped). One generic whose kernel loops are sequential (reductions) and whose (n, c) and
+    output-position loops are parallel: for fixed kernel offsets the window map is injective."""
+    n, k = cols.shape[0], len(ks)
+    if _plain(ks, stride, padding):
+        return ctx.reshape(cols, tuple(in_shape))
+    padded = list(in_shape[:2]) + [in_shape[2 + i] + 2 * p for i, p in enumerate(padding)]
+    col6 = ctx.reshape(cols, (n, c, *ks, *out_spatial))
+    iters = ["parallel", "parallel"] + ["reduction"] * k + ["parallel"] * k
+    acc = ctx.generic([col6], [ctx.identity_map(2 + 2 * k)], ctx.fill(padded, cols.dtype, 0),
+                      _window(k, stride, dilation), iters, lambda b, args: b.add(args[1], args[0]), kind="pointwise")
+    if any(padding):
+        acc = ctx.extract_slice(acc, [0, 0] + list(padding), list(in_shape), [1] * len(in_shape))
+    return acc
+
+
+def gemm_applies(ctx: LoweringContext, m: int, n: int, k: int, batch: int, dtype: torch.dtype) -> bool:
+    """Whether the ``matmul`` strategy takes a convolution's product (else the caller keeps its
+    direct contraction: no im2col copy for a product the tiled GEMM would not run)."""
+    from neuron_compile.codegen.strategies import matmul as gemm
+    target = ctx.body.target
+    if target is None or dtype not in (torch.float32, torch.float64):
+        return False
+    ov = ctx.body.overrides
+    forced = ov.get("matmul") or ov.get("*")
+    if forced is not None and forced.strategy != gemm.MatmulTiled.name:
+        return False
+    return gemm.applies(gemm.GemmProblem(m, n, k, batch, str(dtype).replace("torch.", ""), False, False, True, True,
+                                         batch > 1), target)
+
+
+def _geometry(x: TensorValue, w_shape: Sequence[int], stride, padding, dilation):
+    k = x.rank - 2
+    return k, _per_dim(stride, k), _per_dim(padding, k), _per_dim(dilation, k), list(w_shape[2:])
+
+
+def _images(ctx: LoweringContext, t: TensorValue) -> TensorValue:
+    """[1, R, C] → [R, C]: one image is a plain GEMM (a batch of one is one forall block, one thread)."""
+    return ctx.reshape(t, t.shape[1:]) if t.shape[0] == 1 else t
+
+
+def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
+            groups: int) -> TensorValue | None:
+    """``conv(x, w) + bias`` [N, OC, out spatial...] as im2col + the tiled GEMM, the bias the
+    accumulator's initial value per output channel; ``None`` where the caller's direct
+    contraction is kept (groups, half precision, a product the GEMM strategy does not take)."""
+    shape, dtype = ctx.out_spec()
+    k, stride, padding, dilation, ks = _geometry(x, w.shape, stride, padding, dilation)
+    n, oc = shape[0], shape[1]
+    rows, cols = x.shape[1] * math.prod(ks), math.prod(shape[2:])
+    if groups != 1 or x.dtype != dtype or w.dtype != dtype or \
+            not gemm_applies(ctx, oc, cols, rows, n if n > 1 else 0, dtype):
+        return None
+    col = _images(ctx, im2col(ctx, x, ks, shape[2:], stride, padding, dilation))
+    acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
+    out = ctx.matmul(ctx.reshape(w, (oc, rows)), col, dtype, acc_init=acc)
+    return ctx.reshape(out, tuple(shape))
+
+
+def grad_input(ctx: LoweringContext, g: TensorValue, w: TensorValue, in_shape: Sequence[int], stride, padding,
+               dilation, groups: int) -> TensorValue | None:
+    """The input gradient [N, C, in spatial...] of ``conv(x, w)`` given its output gradient ``g``
+    [N, OC, out spatial...]: ``col2im(W[OC, C·KK]ᵀ @ g[n])``; ``None`` where not applicable (as
+    :func:`forward`). Also a transposed convolution's forward (``g`` its input, ``w`` [IC, OC, k...])."""
+    dtype = g.dtype
+    k = g.rank - 2
+    _, stride, padding, dilation, ks = _geometry(g, w.shape, stride, padding, dilation)
+    n, oc, c = g.shape[0], w.shape[0], w.shape[1]
+    rows, cols = c * math.prod(ks), math.prod(g.shape[2:])
+    if groups != 1 or w.dtype != dtype or not gemm_applies(ctx, rows, cols, oc, n if n > 1 else 0, dtype):
+        return None
+    gcols = ctx.matmul(ctx.reshape(w, (oc, rows)), _images(ctx, ctx.reshape(g, (n, oc, cols))), dtype, trans_a=True)
+    return col2im(ctx, ctx.reshape(gcols, (n, rows, cols)), c, ks, g.shape[2:], in_shape, stride, padding, dilation)
+
+
+def grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: Sequence[int], stride, padding,
+                dilation, groups: int) -> TensorValue | None:
+    """The weight gradient [OC, C, k...] of ``conv(x, w)`` given its output gradient ``g``:
+    ``Σ_n g[n] @ im2col(x[n])ᵀ``, a batched ``A @ Bᵀ`` and a sum over images; ``None`` where
+    not applicable."""
+    dtype = g.dtype
+    _, stride, padding, dilation, ks = _geometry(x, w_shape, stride, padding, dilation)
+    n, oc, c = g.shape[0], w_shape[0], w_shape[1]
+    rows, cols = c * math.prod(ks), math.prod(g.shape[2:])
+    if groups != 1 or x.dtype != dtype or not gemm_applies(ctx, oc, rows, cols, n if n > 1 else 0, dtype):
+        return None
+    col = _images(ctx, im2col(ctx, x, ks, g.shape[2:], stride, padding, dilation))
+    per_image = ctx.matmul(_images(ctx, ctx.reshape(g, (n, oc, cols))), col, dtype, trans_b=True)
+    if per_image.rank == 3:
+        per_image = ctx.materialize(ctx.cast(ctx.reduce(per_image, [0], False, 0, lambda b, a, v: b.add(a, v),
+                                                        dtype), dtype))
+    return ctx.reshape(per_image, tuple(w_shape))

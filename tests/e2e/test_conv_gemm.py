@@ -1,0 +1,89 @@
+"""Convolutions lowered as im2col / col2im + the tiled GEMM (``lowering/conv_gemm.py``): forward,
+input and weight gradients against eager PyTorch at float64, for the geometries the GEMM path
+takes (unit and larger strides, dilation, padding, 1×1, one image, 1-D and 3-D), and the kernels
+it produces (a shared-A batched GEMM, vectorized windowed copies)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.codegen import plan_codegen
+from neuron_compile.target import HostCPU
+from neuron_compile.compiler import run_fx_passes
+from neuron_compile.debug import Dumper
+from neuron_compile.lowering.emit import lower_graph
+from neuron_compile.passes.registry import parse_pass_spec
+from tests.ir.lower import trace
+
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+# (input shape, weight shape, bias, stride, padding, dilation)
+CASES = {
+    "3x3 pad 1": ((4, 8, 12, 12), (16, 8, 3, 3), True, 1, 1, 1),
+    "3x3 stride 2": ((3, 8, 15, 13), (16, 8, 3, 3), True, 2, 1, 1),
+    "3x3 dilation 2": ((2, 6, 14, 14), (8, 6, 3, 3), False, 1, 2, 2),
+    "1x1": ((4, 16, 9, 9), (24, 16, 1, 1), True, 1, 0, 1),
+    "5x3 asymmetric padding": ((2, 5, 11, 16), (12, 5, 5, 3), True, 1, (2, 1), 1),
+    "one image": ((1, 8, 10, 10), (16, 8, 3, 3), True, 1, 1, 1),
+    "1-d": ((3, 6, 64), (10, 6, 5), True, 1, 2, 1),
+    "3-d": ((2, 3, 6, 8, 8), (8, 3, 3, 3, 3), True, 1, 1, 1),
+}
+
+
+def _run(fn, args):
+    args = [a.detach().clone().requires_grad_(True) for a in args]
+    out = fn(*args)
+    out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape))
+    return out.detach(), [a.grad for a in args]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", list(CASES))
+def test_convolution_and_its_gradients_match_eager_at_float64(case, dtype):
+    xs, ws, has_bias, stride, padding, dilation = CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    x, w = torch.randn(xs, generator=g, dtype=dtype), torch.randn(ws, generator=g, dtype=dtype)
+    args = [x, w] + ([torch.randn(ws[0], generator=g, dtype=dtype)] if has_bias else [])
+    conv = CONV[len(xs) - 2]
+
+    def fn(x, w, b=None):
+        return conv(x, w, b, stride=stride, padding=padding, dilation=dilation)
+    out, grads = _run(torch.compile(fn, backend="neuron", dynamic=False), args)
+    ref, ref_grads = _run(fn, [a.double() for a in args])
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out, ref.to(dtype), **tol)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want.to(dtype), **tol)
+
+
+def _kernels(fn, *args):
+    """(kernel, schedule) pairs of ``fn``'s forward + backward graph lowered for this host."""
+    gm = trace(fn, *args)
+    gm.graph.eliminate_dead_code()   # (make_fx unpacks every result of a tuple, None included)
+    gm.recompile()
+    lowered = lower_graph(run_fx_passes(gm, "test", Dumper(None, "test"), {}, parse_pass_spec("default")), "test")
+    plan = plan_codegen(lowered.kernels, HostCPU.detect().info())
+    return list(zip(lowered.kernels, plan.schedules))
+
+
+def test_forward_is_a_shared_weight_gemm_over_vectorized_im2col_rows():
+    x, w, b = torch.randn(4, 8, 12, 12), torch.randn(16, 8, 3, 3), torch.randn(16)
+    ks = _kernels(lambda x, w, b: F.conv2d(x, w, b, padding=1), x, w, b)
+    gemms = [k for k, _ in ks if k.kind == "matmul"]
+    assert len(gemms) == 1 and gemms[0].attrs["shared_a"] and gemms[0].attrs["batch"] == 4
+    assert (gemms[0].attrs["m"], gemms[0].attrs["n"], gemms[0].attrs["k"]) == (16, 144, 72)
+    windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
+    assert len(windowed) == 1 and windowed[0][1].strategy == "pointwise" and windowed[0][1].params["window"]
+
+
+def test_gradients_are_gemms_and_a_vectorized_col2im():
+    def backward(g, x, w):   # what AOTAutograd's backward graph calls
+        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                        [True, True, False])
+        return gx, gw
+    ks = _kernels(backward, torch.randn(4, 16, 12, 12), torch.randn(4, 8, 12, 12), torch.randn(16, 8, 3, 3))
+    gemms = [k for k, _ in ks if k.kind == "matmul"]
+    assert {(k.attrs["trans_a"], k.attrs["trans_b"]) for k in gemms} == {(True, False), (False, True)}
+    col2im = [(k, s) for k, s in ks if any(not o.affine for o in k.operands if o.output)]
+    assert len(col2im) == 1 and col2im[0][1].strategy == "pointwise"
