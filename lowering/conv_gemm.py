@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from neuron_compile.lowering import implicit_gemm
 from neuron_compile.lowering.context import LoweringContext
 from neuron_compile.lowering.ir import TensorValue, affine_map
 
@@ -117,8 +118,13 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, 
     k, stride, padding, dilation, ks = _geometry(x, w.shape, stride, padding, dilation)
     n, oc = shape[0], shape[1]
     rows, cols = x.shape[1] * math.prod(ks), math.prod(shape[2:])
-    if groups != 1 or x.dtype != dtype or w.dtype != dtype or \
-            not gemm_applies(ctx, oc, cols, rows, n if n > 1 else 0, dtype):
+    if groups != 1 or x.dtype != dtype or w.dtype != dtype:
+        return None
+    if implicit_gemm.applies_to(x.rank, stride, groups) and \
+            (y := implicit_gemm.forward(ctx, x, w, ctx.materialize(bias) if bias is not None else None,
+                                        padding, dilation)) is not None:
+        return y
+    if not gemm_applies(ctx, oc, cols, rows, n if n > 1 else 0, dtype):
         return None
     col = _images(ctx, im2col(ctx, x, ks, shape[2:], stride, padding, dilation))
     acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
@@ -132,11 +138,22 @@ def grad_input(ctx: LoweringContext, g: TensorValue, w: TensorValue, in_shape: S
     [N, OC, out spatial...]: ``col2im(W[OC, C·KK]ᵀ @ g[n])``; ``None`` where not applicable (as
     :func:`forward`). Also a transposed convolution's forward (``g`` its input, ``w`` [IC, OC, k...])."""
     dtype = g.dtype
-    k = g.rank - 2
     _, stride, padding, dilation, ks = _geometry(g, w.shape, stride, padding, dilation)
     n, oc, c = g.shape[0], w.shape[0], w.shape[1]
     rows, cols = c * math.prod(ks), math.prod(g.shape[2:])
-    if groups != 1 or w.dtype != dtype or not gemm_applies(ctx, rows, cols, oc, n if n > 1 else 0, dtype):
+    if groups != 1 or w.dtype != dtype:
+        return None
+    full = [d * (s - 1) - p for s, p, d in zip(ks, padding, dilation)]
+    if implicit_gemm.applies_to(g.rank, stride, groups) and min(full) >= 0 and math.prod(ks) > 1:
+        # unit stride: the input gradient is the full convolution of g with the flipped, transposed
+        # kernel (padding d·(k-1) - p), an implicit GEMM like the forward
+        flipped = ctx.generic([w], [affine_map(4, ["d1", "d0", f"{ks[0] - 1} - d2", f"{ks[1] - 1} - d3"])],
+                              ctx.empty([c, oc, *ks], dtype), ctx.identity_map(4), ["parallel"] * 4,
+                              lambda b, args: args[0])
+        gx = implicit_gemm.forward(ctx, g, flipped, None, full, dilation)
+        if gx is not None and tuple(gx.shape) == tuple(in_shape):
+            return gx
+    if not gemm_applies(ctx, rows, cols, oc, n if n > 1 else 0, dtype):
         return None
     gcols = ctx.matmul(ctx.reshape(w, (oc, rows)), _images(ctx, ctx.reshape(g, (n, oc, cols))), dtype, trans_a=True)
     return col2im(ctx, ctx.reshape(gcols, (n, rows, cols)), c, ks, g.shape[2:], in_shape, stride, padding, dilation)

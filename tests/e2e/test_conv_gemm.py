@@ -67,23 +67,44 @@ def _kernels(fn, *args):
     return list(zip(lowered.kernels, plan.schedules))
 
 
-def test_forward_is_a_shared_weight_gemm_over_vectorized_im2col_rows():
+def test_unit_stride_forward_is_one_implicit_gemm_kernel():
     x, w, b = torch.randn(4, 8, 12, 12), torch.randn(16, 8, 3, 3), torch.randn(16)
     ks = _kernels(lambda x, w, b: F.conv2d(x, w, b, padding=1), x, w, b)
-    gemms = [k for k, _ in ks if k.kind == "matmul"]
-    assert len(gemms) == 1 and gemms[0].attrs["shared_a"] and gemms[0].attrs["batch"] == 4
-    assert (gemms[0].attrs["m"], gemms[0].attrs["n"], gemms[0].attrs["k"]) == (16, 144, 72)
+    (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
+    assert gemm.attrs["conv"] and gemm.attrs["shared_a"] and gemm.attrs["batch"] == 4
+    assert (gemm.attrs["m"], gemm.attrs["n"], gemm.attrs["k"]) == (16, 144, 72)
+    # no im2col matrix: the only other kernel is the zero-padded copy of the input
+    assert [k.kind for k, _ in ks if k.kind != "matmul"] == ["copy"]
+
+
+def test_strided_forward_is_a_shared_weight_gemm_over_vectorized_im2col_rows():
+    x, w = torch.randn(4, 8, 24, 24), torch.randn(16, 8, 3, 3)
+    ks = _kernels(lambda x, w: F.conv2d(x, w, stride=2, padding=1), x, w)
+    (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
+    assert gemm.attrs["shared_a"] and not gemm.attrs.get("conv") and gemm.attrs["k"] == 72
     windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
-    assert len(windowed) == 1 and windowed[0][1].strategy == "pointwise" and windowed[0][1].params["window"]
+    assert len(windowed) == 1 and windowed[0][1].strategy == "loops"   # a stride-2 row is a gather
 
 
-def test_gradients_are_gemms_and_a_vectorized_col2im():
+def test_gradients_are_gemms():
     def backward(g, x, w):   # what AOTAutograd's backward graph calls
         gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
                                                         [True, True, False])
         return gx, gw
     ks = _kernels(backward, torch.randn(4, 16, 12, 12), torch.randn(4, 8, 12, 12), torch.randn(16, 8, 3, 3))
     gemms = [k for k, _ in ks if k.kind == "matmul"]
-    assert {(k.attrs["trans_a"], k.attrs["trans_b"]) for k in gemms} == {(True, False), (False, True)}
-    col2im = [(k, s) for k, s in ks if any(not o.affine for o in k.operands if o.output)]
-    assert len(col2im) == 1 and col2im[0][1].strategy == "pointwise"
+    # grad_input: the implicit GEMM of the flipped kernel; grad_weight: g @ im2col(x)^T per image
+    assert len(gemms) == 2 and gemms[0].attrs["conv"] and gemms[1].attrs["trans_b"]
+    windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
+    assert [s.strategy for _, s in windowed] == ["loops", "pointwise"]   # the flip (tiny), the im2col
+
+
+def test_strided_input_gradient_is_a_gemm_and_a_col2im():
+    def backward(g, x, w):
+        gx, _, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1,
+                                                       [True, False, False])
+        return gx
+    ks = _kernels(backward, torch.randn(4, 16, 12, 12), torch.randn(4, 8, 24, 24), torch.randn(16, 8, 3, 3))
+    (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
+    assert gemm.attrs["trans_a"] and gemm.attrs["shared_a"]
+    assert len([k for k, _ in ks if any(not o.affine for o in k.operands if o.output)]) == 1   # col2im

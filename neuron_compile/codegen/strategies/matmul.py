@@ -403,10 +403,13 @@ GEMM_CLEANUP = "\n".join([
     f"    transform.apply_patterns to %gf {{ transform.apply_patterns.canonicalization "
     f"transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers }} : {ANY}",
     _inside_gemm_nests('ops{["scf.for"]}', "gfors"),
-    f"    transform.foreach %gfors : {ANY} {{",
-    f"    ^bb0(%l: {ANY}):",
-    f"      transform.loop.hoist_loop_invariant_subsets %l : {ANY}",
-    "    }",
+    # three rounds: an implicit-GEMM convolution's accumulator sits in three nested reduction
+    # loops (c, kh, kw), and each round hoists it out of one more (the loops come outer first)
+    *[line for _ in range(3) for line in (
+        f"    transform.foreach %gfors : {ANY} {{",
+        f"    ^bb0(%l: {ANY}):",
+        f"      transform.loop.hoist_loop_invariant_subsets %l : {ANY}",
+        "    }")],
     f"    transform.apply_patterns to %gf {{ transform.apply_patterns.canonicalization }} : {ANY}",
     f'    transform.apply_patterns to %gf {{ transform.apply_patterns.vector.lower_transpose lowering_strategy = "eltwise" avx2_lowering_strategy = true }} : {ANY}',
     f"    transform.apply_patterns to %gf {{ transform.apply_patterns.vector.lower_broadcast "
@@ -430,6 +433,8 @@ class MatmulTiled:
 
     def transform(self, k: KernelInfo, s: Schedule) -> str:
         q = s.params
+        if "conv" in q:
+            return _implicit_conv_transform(k, q)
         p = GemmProblem(**q["problem"])
         nb = 1 if p.batch else 0
         z, one = [0] * nb, [1] * nb
@@ -500,3 +505,43 @@ class MatmulTiled:
             w.annotate(fl, "neuron.gemm", 1)
             w.tile_for(ft, za_ + [q[f"pack_tile_{side}"], kt, 0])
         return w.text()
+
+
+def _implicit_conv_transform(k: KernelInfo, q: Mapping[str, Any]) -> str:
+    """The schedule of an implicit-GEMM convolution (:mod:`lowering.implicit_gemm`): the GEMM's,
+    with K as three loop dims (c, kh, kw). A k-block takes ``kc_c`` channels and every kernel
+    offset; the windowed B pack is fused into it, tiled to rows of NR and vectorized there (unit
+    dims folded first: the window is then a plain row; vectorized before any canonicalization,
+    which would fold the copy into slices that lower to scalar copies)."""
+    w = SequenceWriter()
+
+    def part(name: str) -> str:
+        h = w.fresh(name.replace("_", ""))
+        w(f'{h} = transform.structured.match attributes {{neuron.kernel = {k.id} : i64, neuron.part = "{name}"}} '
+          f"in %root : ({ANY}) -> {ANY}")
+        return h
+    p = GemmProblem(**q["problem"])
+    m1, n1 = p.m // q["MR"], p.n // q["NR"]
+    nct = max(1, min(n1, q["NC"] // q["NR"]))
+    mm, init = part("gemm_r0"), part("init_r0")
+    # loops: (b, m1, n1, c, kh, kw, m0, n0); one M block per image, N in NC blocks
+    t0, forall = w.tile_forall(mm, [1, m1, nct, 0, 0, 0, 0, 0])
+    w.annotate(forall, "neuron.root", k.id)
+    w.annotate(forall, "neuron.gemm", 1)
+    fused_init, forall = w.fuse(init, forall)
+    pkf, forall = w.fuse(part("packB_r0"), forall)
+    tk, (kloop,) = w.tile_for(t0, [0, 0, 0, q["conv"]["kc_c"], 0, 0, 0, 0])
+    pkk, _ = w.fuse(pkf, kloop)
+    _, rows = w.tile_for(pkk, [0, 1, 1, 1, 1, 0])     # pack: (b, n1, c, kh, kw, n0) in rows of NR
+    w(f"transform.apply_patterns to {rows[-1]} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
+      f": {ANY}")
+    row = w.fresh("prow")
+    w(f"{row} = transform.structured.match interface{{LinalgOp}} in {rows[-1]} : ({ANY}) -> {ANY}")
+    w.vectorize(row)
+    tn, _ = w.tile_for(tk, [0, 0, 1, 0, 0, 0, 0, 0])   # one B micro-panel
+    tm, _ = w.tile_for(tn, [0, 1, 0, 0, 0, 0, 0, 0])   # one A panel
+    parts = [w.fresh(x) for x in ("rf", "rs", "rc", "rl")]
+    w(f"{', '.join(parts)} = transform.structured.tile_reduction_using_for {tm} by tile_sizes = "
+      f"{[0, 0, 0, 1, 1, 1, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
+    w.tile_for(fused_init, [0, 1, 0, 1, 0])
+    return w.text()

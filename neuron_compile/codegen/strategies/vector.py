@@ -224,7 +224,8 @@ class Pointwise(_VectorStrategy):
             where = loops[-1] if loops else scope
             w(f"transform.apply_patterns to {where} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
               f": !transform.any_op")
-            w.canonicalize(where)
+            # (no canonicalization before vectorizing: it folds a copy generic into tensor slices,
+            # which bufferize into scalar memref copies: 56 scalar loads and stores per row)
             lin = w.fresh("win")
             w(f"{lin} = transform.structured.match interface{{LinalgOp}} in {where} : (!transform.any_op) -> "
               f"!transform.any_op")
