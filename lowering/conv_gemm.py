@@ -168,7 +168,12 @@ def grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     _, stride, padding, dilation, ks = _geometry(x, w_shape, stride, padding, dilation)
     n, oc, c = g.shape[0], w_shape[0], w_shape[1]
     rows, cols = c * math.prod(ks), math.prod(g.shape[2:])
-    if groups != 1 or x.dtype != dtype or not gemm_applies(ctx, oc, rows, cols, n if n > 1 else 0, dtype):
+    if groups != 1 or x.dtype != dtype:
+        return None
+    if implicit_gemm.applies_to(x.rank, stride, groups) and \
+            (gw := implicit_gemm.weight_grad(ctx, g, x, w_shape, padding, dilation)) is not None:
+        return gw
+    if not gemm_applies(ctx, oc, rows, cols, n if n > 1 else 0, dtype):
         return None
     col = _images(ctx, im2col(ctx, x, ks, g.shape[2:], stride, padding, dilation))
     per_image = ctx.matmul(_images(ctx, ctx.reshape(g, (n, oc, cols))), col, dtype, trans_b=True)

@@ -156,3 +156,78 @@ def applies_to(x_rank: int, stride: Sequence[int], groups: int) -> bool:
     """2-D, unit stride, one group: the geometry :func:`forward` handles."""
     return x_rank == 4 and all(s == 1 for s in stride) and groups == 1
 
+
+
+def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int]) -> TensorValue | None:
+    """The weight gradient [OC, C, KH, KW] of a unit-stride ``conv2d(x, w)`` given its output
+    gradient ``g`` [N, OC, OH, OW], as one implicit-GEMM kernel (``None`` where it does not apply):
+
+        gW[kh, kw][c, oc] = Σ_{n, p} xf[n, c, p + kh·dh·Wp + kw·dw] · gw[n, oc, p]
+
+    with ``gw`` the gradient on the padded grid (zero in the ``Wp - OW`` extra columns). The
+    windowed input is the GEMM's A, read in place (MR channels broadcast per k step, as an
+    unpacked A); ``gw`` is B, packed per k-block; K = (image, grid position) and the kernel offsets
+    are loops around the micro-kernel, so a packed panel of B serves all of them.
+    """
+    from neuron_compile.codegen.strategies import matmul as gemm
+    dtype = g.dtype
+    n, c, h, wd = x.shape
+    oc, _, kh, kw = w_shape
+    (ph, pw), (dh, dw) = padding, dilation
+    hp, wp = h + 2 * ph, wd + 2 * pw
+    oh, ow = g.shape[2], g.shape[3]
+    target = ctx.body.target
+    if kh * kw == 1 or x.dtype != dtype or target is None or dtype not in (torch.float32, torch.float64):
+        return None
+    ov = ctx.body.overrides
+    forced = ov.get("matmul") or ov.get("*")
+    if forced is not None and forced.strategy != gemm.MatmulTiled.name:
+        return None
+    p = gemm.GemmProblem(c, oc, n * oh * wp, 0, str(dtype).replace("torch.", ""), False, True, True, False)
+    if not gemm.applies(p, target):
+        return None
+    q = dict(gemm.plan(p, target).params)
+    mr, nr, kc = q["MR"], q["NR"], q["KC"]
+    cp, ocp = _round_up(c, mr), _round_up(oc, nr)
+    pp = _round_up(oh * wp, kc)
+    reach = (pp - 1) + (kh - 1) * dh * wp + (kw - 1) * dw + 1
+    hx, hg = max(hp, -(-reach // wp)), -(-pp // wp)
+    xf = ctx.reshape(ctx.insert_slice(x, ctx.fill([n, cp, hx, wp], dtype, 0), [0, 0, ph, pw]), (n, cp, hx * wp))
+    gw = ctx.reshape(ctx.insert_slice(g, ctx.fill([n, ocp, hg, wp], dtype, 0), [0, 0, 0, 0]), (n, ocp, hg * wp))
+    gw = ctx.extract_slice(gw, [0, 0, 0], [n, ocp, pp], [1, 1, 1])
+    m1, n1 = cp // mr, ocp // nr
+    q.update(MC=cp, NC=ocp, KC=kc, pack_a=False, transpose_a=False, pack_b=True, fuse_pack_b=True,
+             problem={**q["problem"], "m": cp, "n": ocp, "k": pp},
+             conv_wgrad={"kh": kh, "kw": kw, "images": n})
+    kid = ctx.body.next_kernel_id()
+    wr = _Writer(ctx, kid, dtype)
+    et = storage_type(dtype)
+    dest = wr.line(f"tensor.empty() : {wr.ty([n, n1, pp, nr])}", [n, n1, pp, nr])
+    packed = wr.line(f"linalg.pack {gw.name} inner_dims_pos = [1] inner_tiles = [{nr}] into {dest.name} "
+                     f"{{{wr.tag('packB_r0')}}} : {gw.type} -> {dest.type}", [n, n1, pp, nr])
+    c6 = [kh, kw, m1, mr, n1, nr]
+    view = wr.line(f"tensor.empty() : {wr.ty(c6)}", c6)
+    zero = ctx.scalar_const(0, dtype)
+    acc0 = wr.line(f"linalg.fill {{{wr.tag('init_r0')}}} ins({zero.name} : {et}) outs({view.name} : {view.type}) "
+                   f"-> {view.type}", c6)
+    dims = ["m1", "n1", "b", "p", "kh", "kw", "m0", "n0"]
+    its = ["parallel", "parallel", "reduction", "reduction", "parallel", "parallel", "parallel", "parallel"]
+    a_map = _map(dims, ["b", f"m1 * {mr} + m0", f"p + kh * {dh * wp} + kw * {dw}"])
+    prod = wr.line(
+        f"linalg.generic {{indexing_maps = [{a_map}, {_map(dims, ['b', 'n1', 'p', 'n0'])}, "
+        f"{_map(dims, ['kh', 'kw', 'm1', 'm0', 'n1', 'n0'])}], iterator_types = [{_its(its)}], "
+        f"{wr.tag('gemm_r0')}}} ins({xf.name}, {packed.name} : {xf.type}, {packed.type}) "
+        f"outs({acc0.name} : {acc0.type}) {{\n"
+        f"    ^bb0(%x: {et}, %y: {et}, %acc: {et}):\n"
+        f"      %p = arith.mulf %x, %y fastmath<reassoc,contract> : {et}\n"
+        f"      %s = arith.addf %acc, %p fastmath<reassoc,contract> : {et}\n"
+        f"      linalg.yield %s : {et}\n    }} -> {acc0.type}", c6)
+    flat = wr.collapse(prod, [[0], [1], [2, 3], [4, 5]], [kh, kw, cp, ocp])
+    ops = ctx._provenance()
+    ctx.body.add_kernel(KernelInfo(kid, "matmul", (kh * kw, c, oc, n * oh * ow), (), (
+        ctx.body.operand(xf), ctx.body.operand(gw), ctx.body.operand(flat, output=True)), *ops, attrs={
+            "batch": kh * kw, "m": c, "n": oc, "k": n * oh * ow, "trans_a": False, "trans_b": True,
+            "conv": True, "gemm": q}))
+    grad = ctx.extract_slice(flat, [0, 0, 0, 0], [kh, kw, c, oc], [1, 1, 1, 1])
+    return ctx.permute(grad, [3, 2, 0, 1])

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from neuron_compile.codegen import plan_codegen
+from neuron_compile.codegen.strategies.matmul import ISA_TABLE
 from neuron_compile.target import HostCPU
 from neuron_compile.compiler import run_fx_passes
 from neuron_compile.debug import Dumper
@@ -28,6 +29,10 @@ CASES = {
     "one image": ((1, 8, 10, 10), (16, 8, 3, 3), True, 1, 1, 1),
     "1-d": ((3, 6, 64), (10, 6, 5), True, 1, 2, 1),
     "3-d": ((2, 3, 6, 8, 8), (8, 3, 3, 3, 3), True, 1, 1, 1),
+    # wide enough for the implicit weight gradient (output channels >= one register tile), with
+    # channel counts that are not tile multiples (padded with zeros inside the kernel)
+    "3x3 40 outputs": ((2, 8, 12, 12), (40, 8, 3, 3), True, 1, 1, 1),
+    "3x3 odd channels dilated": ((3, 5, 13, 11), (33, 5, 3, 3), False, 1, (2, 1), (2, 1)),
 }
 
 
@@ -93,12 +98,27 @@ def test_gradients_are_gemms():
         gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
                                                         [True, True, False])
         return gx, gw
-    ks = _kernels(backward, torch.randn(4, 16, 12, 12), torch.randn(4, 8, 12, 12), torch.randn(16, 8, 3, 3))
+    ks = _kernels(backward, torch.randn(4, 40, 12, 12), torch.randn(4, 8, 12, 12), torch.randn(40, 8, 3, 3))
     gemms = [k for k, _ in ks if k.kind == "matmul"]
-    # grad_input: the implicit GEMM of the flipped kernel; grad_weight: g @ im2col(x)^T per image
-    assert len(gemms) == 2 and gemms[0].attrs["conv"] and gemms[1].attrs["trans_b"]
+    # grad_input: the implicit GEMM of the flipped kernel; grad_weight: the implicit GEMM reading
+    # the input's windows in place (no im2col matrix in either)
+    assert len(gemms) == 2 and all(k.attrs["conv"] for k in gemms)
+    assert "conv_wgrad" in gemms[1].attrs["gemm"] and gemms[1].attrs["batch"] == 9
     windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
-    assert [s.strategy for _, s in windowed] == ["loops", "pointwise"]   # the flip (tiny), the im2col
+    assert [s.strategy for _, s in windowed] == ["loops"]   # the flipped kernel (tiny)
+
+
+def test_narrow_weight_gradient_is_a_gemm_over_im2col():
+    def backward(g, x, w):
+        _, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                       [False, True, False])
+        return gw
+    oc = ISA_TABLE[HostCPU.detect().info().isa]["NR"] // 2   # output channels: half a register tile
+    ks = _kernels(backward, torch.randn(4, oc, 12, 12), torch.randn(4, 8, 12, 12), torch.randn(oc, 8, 3, 3))
+    (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
+    assert gemm.attrs["trans_b"] and not gemm.attrs.get("conv")
+    windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
+    assert [s.strategy for _, s in windowed] == ["pointwise"]   # the vectorized im2col
 
 
 def test_strided_input_gradient_is_a_gemm_and_a_col2im():

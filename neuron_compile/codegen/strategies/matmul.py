@@ -435,6 +435,8 @@ class MatmulTiled:
         q = s.params
         if "conv" in q:
             return _implicit_conv_transform(k, q)
+        if "conv_wgrad" in q:
+            return _implicit_wgrad_transform(k, q)
         p = GemmProblem(**q["problem"])
         nb = 1 if p.batch else 0
         z, one = [0] * nb, [1] * nb
@@ -544,4 +546,42 @@ def _implicit_conv_transform(k: KernelInfo, q: Mapping[str, Any]) -> str:
     w(f"{', '.join(parts)} = transform.structured.tile_reduction_using_for {tm} by tile_sizes = "
       f"{[0, 0, 0, 1, 1, 1, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
     w.tile_for(fused_init, [0, 1, 0, 1, 0])
+    return w.text()
+
+
+def _implicit_wgrad_transform(k: KernelInfo, q: Mapping[str, Any]) -> str:
+    """The schedule of an implicit-GEMM weight gradient (:func:`lowering.implicit_gemm.weight_grad`):
+    loops (m1, n1, image, p, kh, kw, m0, n0). The forall takes (channel, output-channel) blocks,
+    the k-blocks (image, KC grid positions) pack the gradient's B panels once for every kernel
+    offset, and the offsets are loops just outside the micro-kernel (unrolled by LLVM like a k
+    loop); each micro-kernel reads its window of the input in place as an unpacked A."""
+    w = SequenceWriter()
+
+    def part(name: str, op: str | None = None) -> str:
+        h = w.fresh(name.replace("_", ""))
+        ops = f'ops{{["{op}"]}} ' if op else ""
+        w(f'{h} = transform.structured.match {ops}attributes {{neuron.kernel = {k.id} : i64, neuron.part = "{name}"}} '
+          f"in %root : ({ANY}) -> {ANY}")
+        return h
+    p = GemmProblem(**q["problem"])
+    m1, n1 = p.m // q["MR"], p.n // q["NR"]
+    # two blocks at least where the channels allow (threads), else one
+    mct = m1 // 2 if m1 % 2 == 0 and m1 > 1 else m1
+    mm, init = part("gemm_r0", "linalg.generic"), part("init_r0")
+    t0, forall = w.tile_forall(mm, [mct, n1, 0, 0, 0, 0, 0, 0])
+    w.annotate(forall, "neuron.root", k.id)
+    w.annotate(forall, "neuron.gemm", 1)
+    fused_init, forall = w.fuse(init, forall)
+    pkf, forall = w.fuse(part("packB_r0", "linalg.pack"), forall)
+    tk, (_, ploop) = w.tile_for(t0, [0, 0, 1, q["KC"], 0, 0, 0, 0])
+    pkk, _ = w.fuse(pkf, ploop)
+    tile, _ = w.tile_for(pkk, [0, 1, 8 if q["KC"] % 8 == 0 else 1])
+    w.vectorize(tile)   # a linalg.pack does not bufferize: it must become vector ops here
+    tn, _ = w.tile_for(tk, [0, 1, 0, 0, 0, 0, 0, 0])
+    tm, _ = w.tile_for(tn, [1, 0, 0, 0, 0, 0, 0, 0])
+    to, _ = w.tile_for(tm, [0, 0, 0, 0, 1, 1, 0, 0])   # kernel offsets around the micro-kernel
+    parts = [w.fresh(x) for x in ("rf", "rs", "rc", "rl")]
+    w(f"{', '.join(parts)} = transform.structured.tile_reduction_using_for {to} by tile_sizes = "
+      f"{[0, 0, 0, 1, 0, 0, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
+    w.tile_for(fused_init, [1, 1, 1, 0, 1, 0])
     return w.text()
