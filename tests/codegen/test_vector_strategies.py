@@ -178,3 +178,16 @@ def test_a_reduction_over_several_dims_is_one_vector_step_per_iteration(tmp_path
     torch.testing.assert_close(out.double(), fn(x.double(), w.double()), rtol=1e-5, atol=1e-4)
     llvm = sum(p.stat().st_size for p in tmp_path.rglob("*.llvm.mlir"))
     assert llvm < 400_000, f"{llvm} bytes of LLVM dialect for a {shape} reduction"
+
+
+@pytest.mark.parametrize("shape,pad", [((4, 8, 40, 40), (1, 1, 1, 1)), ((3, 130, 70), (2, 3)),
+                                       ((2, 50, 9, 33), (0, 0, 2, 1))])
+def test_padding_copies_run_as_vector_rows_with_exact_values(shape, pad):
+    import torch.nn.functional as F
+
+    def fn(x):
+        return F.pad(x, pad) * 2
+    x = torch.randn(shape)
+    assert "copy-rows" in _strategies(fn, x)
+    one, two = _run_both_thread_counts(fn, x)
+    assert torch.equal(one, fn(x)) and torch.equal(two, fn(x))
