@@ -1,4 +1,4 @@
-"""Workloads shared by the benchmarks: the vertical slice's MLP and causal attention block."""
+"""Workloads shared by the benchmarks: the vertical slice's MLP and causal attention block, a ResNet block."""
 from __future__ import annotations
 
 import math
@@ -36,6 +36,18 @@ class Attention(nn.Module):
         s = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.h)
         s = s.masked_fill(~torch.tril(torch.ones(t, t, dtype=torch.bool)), float("-inf"))
         return self.o((s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, c))
+
+
+class ResBlock(nn.Module):
+    """ResNet's basic block (He et al., 2016): conv3x3-BN-ReLU-conv3x3-BN, identity shortcut, ReLU."""
+
+    def __init__(self, c: int = 64):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
 
 
 def workload(name: str):

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.models import MLP
+from benchmarks.models import MLP, ResBlock
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,12 @@ def workloads() -> list[Workload]:
         Workload("mlp train step", "block", lambda: (_seeded(_issue_mlp), (torch.randn(256, 512),)), train=True),
         Workload("attention inference", "block", lambda: (_seeded(CausalAttention), (torch.randn(8, 128, 256),))),
         Workload("attention train step", "block", lambda: (_seeded(CausalAttention), (torch.randn(8, 128, 256),)),
+                 train=True),
+        Workload("conv3x3+relu 64ch 56x56, batch 8", "op",
+                 lambda: (_seeded(lambda: nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU())),
+                          (torch.randn(8, 64, 56, 56),)), flops=2 * 8 * 64 * 64 * 9 * 56 * 56),
+        Workload("resnet block inference", "block", lambda: (_seeded(ResBlock).eval(), (torch.randn(8, 64, 56, 56),))),
+        Workload("resnet block train step", "block", lambda: (_seeded(ResBlock), (torch.randn(8, 64, 56, 56),)),
                  train=True),
         _gpt2(False),
         _gpt2(True),

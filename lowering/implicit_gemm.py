@@ -16,8 +16,9 @@ input from cache, where a stored im2col matrix is 9× the input for a 3×3 kerne
 memory twice (written, then packed). Output channels and columns are padded to whole register
 tiles (zero weights, cropped columns), so the GEMM has one region and no edge tiles.
 
-Measured (2026-12-03, Sapphire Rapids, 1 thread, 3×3 64→64 at 56×56, batch 8): see
-:mod:`lowering.conv_gemm` for the numbers against im2col + GEMM and eager.
+Measured (2026-12-03, Sapphire Rapids, 1 thread, 3×3 64→64 at 56×56, batch 8): forward 158
+GFLOP/s, input gradient 150, weight gradient 154, against 100–115, 71 and 87 for im2col + GEMM
+(which also stores a 58 MB im2col matrix per call); :mod:`lowering.conv_gemm` has the comparison.
 """
 from __future__ import annotations
 
