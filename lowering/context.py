@@ -100,7 +100,8 @@ class FunctionBody:
     # a value that is a collapse_shape of a value computed in its expanded form (a GEMM's C4): a
     # graph output is then materialized as that value into the output memref's expand_shape, so
     # eliminate-empty-tensors (which follows same-type values only) writes it in place
-    collapsed_views: dict[str, tuple[TensorValue, list[list[int]]]] = field(default_factory=dict)
+    # (``None`` groups: a reshape of such a value, stored through the flattened destination)
+    collapsed_views: dict[str, tuple[TensorValue, list[list[int]] | None]] = field(default_factory=dict)
     # a GEMM's C assembled from several regions (edge tiles): per region, what storing it as a graph
     # output in place needs (lowering/emit.py _store_output)
     region_views: dict[str, list["RegionView"]] = field(default_factory=dict)
@@ -400,6 +401,8 @@ class LoweringContext:
         if shape == v.shape:
             return v
         out = self._reshape(v, shape)
+        if v.name in self.body.collapsed_views:   # a GEMM's C reshaped (a convolution's NCHW output)
+            self.body.collapsed_views[out.name] = (self.body.collapsed_views[v.name][0], None)
         if len(shape) > v.rank and [s for s in shape if s != 1] == [s for s in v.shape if s != 1]:
             view_dims = iter(i for i, s in enumerate(shape) if s != 1)
             self.body.unit_views[out.name] = (v, tuple("0" if s == 1 else f"d{next(view_dims)}" for s in v.shape))

@@ -218,7 +218,17 @@ def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: 
     full, groups = src
     mt4 = memref_type(full.shape, full.dtype, contiguous_strides(full.shape))
     view = body.namer("out")
-    return [f"    {view} = memref.expand_shape {dest} {reassociation(groups)} output_shape [{', '.join(map(str, full.shape))}] "
+    lines = []
+    if groups is None:   # a reshape of the collapsed value: through the flattened destination
+        n = math.prod(spec.shape)
+        if len(spec.shape) != 1:
+            flat = body.namer("oflat")
+            lines.append(f"    {flat} = memref.collapse_shape {dest} [[{', '.join(map(str, range(len(spec.shape))))}]] "
+                         f": {mt} into {memref_type((n,), full.dtype, (1,))}")
+            dest, mt = flat, memref_type((n,), full.dtype, (1,))
+        groups = [list(range(full.rank))]
+    return lines + [
+            f"    {view} = memref.expand_shape {dest} {reassociation(groups)} output_shape [{', '.join(map(str, full.shape))}] "
             f": {mt} into {mt4}",
             f"    bufferization.materialize_in_destination {full.name} in restrict writable "
             f"{view} : ({full.type}, {mt4}) -> ()"]

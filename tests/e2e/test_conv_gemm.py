@@ -33,6 +33,9 @@ CASES = {
     # channel counts that are not tile multiples (padded with zeros inside the kernel)
     "3x3 40 outputs": ((2, 8, 12, 12), (40, 8, 3, 3), True, 1, 1, 1),
     "3x3 odd channels dilated": ((3, 5, 13, 11), (33, 5, 3, 3), False, 1, (2, 1), (2, 1)),
+    # whole register tiles (one GEMM region): the output is written in place through its reshape
+    "3x3 stride 2 whole tiles": ((2, 4, 32, 32), (16, 4, 3, 3), True, 2, 1, 1),
+    "1x1 whole tiles": ((2, 16, 16, 16), (32, 16, 1, 1), False, 1, 0, 1),
 }
 
 
