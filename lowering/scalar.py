@@ -261,18 +261,23 @@ class ScalarBuilder:
         x = n·ln2 + r, a degree-6 polynomial for e^r, scaling by 2^n through the exponent bits in two
         steps (2^n1·2^n2, n1, n2 ≥ -75 and ≤ 64). Measured ≤ 1 ulp against ``torch.exp`` on [-90, 90].
 
-        x is clamped to [-104, 89] with compare-and-select, one ``vmaxps``/``vminps`` each (NaN
-        becomes -104 there and is put back at the end). The clamp bounds make the range cases fall
+        x is clamped to [-104, 89] with compare-and-select (NaN is put back at the end). The clamp bounds make the range cases fall
         out of the arithmetic, with no select for each: at 89, n = 128 and e^r·2^64·2^64 overflows to
         inf (so does every x above ln FLT_MAX = 88.7228391); at -104, e^r·2^-75·2^-75 is below 2^-150
         and rounds to 0 (so does every x below ln(2^-150) = -103.97); between ln FLT_MIN and that,
-        the second multiply rounds once into the subnormal result."""
+        the second multiply rounds once into the subnormal result.
+
+        Lanes at or below -104 (masked-out attention scores, ``-inf``) compute ``e^0`` instead and
+        are set to 0 at the end: clamped to -104 they ran the multiplies that underflow, and each
+        such vector instruction took a microcode assist on Intel cores (a causal softmax over
+        masked_fill(-inf): 1.23 ms against 0.43 unmasked, measured on Sapphire Rapids)."""
         if a.dtype != torch.float32:
             return self.unary("math.exp", a)
         with self._exact():
             f32, i32 = torch.float32, torch.int32
-            hi, lo = self.const(89.0, f32), self.const(-104.0, f32)
-            xc = self.select(self.cmp("gt", a, lo), a, lo)   # NaN -> lo: x86 maxps(a, lo) semantics
+            hi, lo, zero = self.const(89.0, f32), self.const(-104.0, f32), self.const(0.0, f32)
+            inside = self.cmp("gt", a, lo)          # false for NaN and for x <= -104 (e^x rounds to 0)
+            xc = self.select(inside, a, zero)
             xc = self.select(self.cmp("lt", xc, hi), xc, hi)
             fx = self.unary("math.floor", self.fma(xc, self.const(1.44269504088896341, f32), self.const(0.5, f32)))
             r = self.fma(fx, self.const(-0.693359375, f32), xc)
@@ -288,6 +293,7 @@ class ScalarBuilder:
                 biased = self.add(k, self.const(127, i32))
                 bits = self._emit(f"arith.shli {biased.name}, {self.const(23, i32).name} : i32", i32)
                 y = self.mul(y, self._emit(f"arith.bitcast {bits.name} : i32 to f32", f32))
+            y = self.select(inside, y, zero)
             return self.select(self.isnan(a), a, y)
 
     def fma(self, a: Scalar, b: Scalar, c: Scalar) -> Scalar:

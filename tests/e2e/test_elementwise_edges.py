@@ -37,7 +37,9 @@ def edge_values(dtype: torch.dtype) -> torch.Tensor:
     lmax, lmin = math.log(fi.max), math.log(fi.tiny)
     vals = [0.0, -0.0, fi.smallest_normal, fi.tiny / 8, -fi.tiny / 8, 1e-30, -1e-30, 1e-7, 0.5, -0.5, 1.0,
             -1.0, 2.5, -2.5, 20.0, -20.0, lmax - 4.5, lmax - 0.7, lmax - 0.02, lmax + 0.8, -lmax,
-            lmin, lmin - 10, fi.max, -fi.max, fi.max / 3, math.inf, -math.inf, math.nan]
+            lmin, lmin - 10, fi.max, -fi.max, fi.max / 3, math.inf, -math.inf, math.nan,
+            # float32 exp's last subnormal (2^-149 near -103.28) and where it rounds to 0 (-103.97)
+            -103.2, -103.9, -104.0, -104.5, -200.0]
     return torch.tensor(vals, dtype=dtype)
 
 
