@@ -452,6 +452,7 @@ class LoweringContext:
         if numel(shape) == 0:
             return init
         tag, info = self.tagged_kernel("transpose", [v], [init])
+        info.attrs["perm"] = list(perm)
         out = self.emit(f"linalg.transpose ins({v.name} : {v.type}) outs({init.name} : {init.type}) "
                         f"permutation = [{', '.join(map(str, perm))}] {tag}", shape, v.dtype)
         self.body.add_kernel(info)

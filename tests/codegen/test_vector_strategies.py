@@ -191,3 +191,16 @@ def test_padding_copies_run_as_vector_rows_with_exact_values(shape, pad):
     assert "copy-rows" in _strategies(fn, x)
     one, two = _run_both_thread_counts(fn, x)
     assert torch.equal(one, fn(x)) and torch.equal(two, fn(x))
+
+
+def test_head_split_transposes_run_as_vector_rows_and_others_keep_loops():
+    def heads(x):   # [b, t, h, d] -> [b, h, t, d]: the last dim stays last (rows of d)
+        return x.transpose(1, 2) * 2
+
+    def keys(x):    # [b, h, t, d] -> [b, h, d, t]: the contiguous dim moves (a gather per row)
+        return x.transpose(-1, -2) * 2
+    x = torch.randn(4, 64, 4, 64)
+    assert "copy-rows" in _strategies(heads, x) and "copy-rows" not in _strategies(keys, x)
+    for fn in (heads, keys):
+        one, two = _run_both_thread_counts(fn, x)
+        assert torch.equal(one, fn(x)) and torch.equal(two, fn(x))
