@@ -54,6 +54,28 @@ class _Writer:
             return v
         return self.line(f"tensor.collapse_shape {v.name} {reassociation(groups)} : {v.type} into {self.ty(shape)}", shape)
 
+    def zero_fill(self, view: TensorValue, part: str) -> TensorValue:
+        """A zero accumulator over ``view`` (the register tiles' initial value), tagged ``part``."""
+        et = storage_type(self.dtype)
+        zero = self.ctx.scalar_const(0, self.dtype)
+        return self.line(f"linalg.fill {{{self.tag(part)}}} ins({zero.name} : {et}) outs({view.name} : {view.type}) "
+                         f"-> {view.type}", view.shape)
+
+    def contraction(self, a: TensorValue, b: TensorValue, acc: TensorValue, dims: Sequence[str],
+                    maps: Sequence[str], iterators: Sequence[str], part: str) -> TensorValue:
+        """``acc += a·b`` as one ``linalg.generic`` over loops ``dims`` with ``maps`` (result exprs
+        of a, b, acc; affine expressions of ``dims``), its multiply-add free to contract into FMAs."""
+        et = storage_type(self.dtype)
+        a_m, b_m, c_m = maps
+        return self.line(
+            f"linalg.generic {{indexing_maps = [{_map(dims, a_m)}, {_map(dims, b_m)}, {_map(dims, c_m)}], "
+            f"iterator_types = [{_its(iterators)}], {self.tag(part)}}} "
+            f"ins({a.name}, {b.name} : {a.type}, {b.type}) outs({acc.name} : {acc.type}) {{\n"
+            f"    ^bb0(%x: {et}, %y: {et}, %acc: {et}):\n"
+            f"      %p = arith.mulf %x, %y fastmath<reassoc,contract> : {et}\n"
+            f"      %s = arith.addf %acc, %p fastmath<reassoc,contract> : {et}\n"
+            f"      linalg.yield %s : {et}\n    }} -> {acc.type}", acc.shape)
+
     def pack(self, src: TensorValue, part: str, outer_perm: Sequence[int] | None, inner_pos: int, tile: int,
              shape: Sequence[int]) -> TensorValue:
         dest = self.line(f"tensor.empty() : {self.ty(shape)}", shape)
@@ -175,18 +197,9 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
                           f"{view.type}) {{\n    ^bb0(%bo: {storage_type(out_dtype)}):\n"
                           f"      linalg.yield %bo : {storage_type(out_dtype)}\n    }} -> {view.type}", c4)
         else:
-            zero = ctx.scalar_const(0, out_dtype)
-            acc0 = w.line(f"linalg.fill {{{w.tag(f'init_r{r.idx}')}}} ins({zero.name} : {storage_type(out_dtype)}) "
-                          f"outs({view.name} : {view.type}) -> {view.type}", c4)
+            acc0 = w.zero_fill(view, f"init_r{r.idx}")
         its = (["parallel"] if nb else []) + ["parallel", "parallel", "reduction", "parallel", "parallel"]
-        et = storage_type(out_dtype)
-        prod = w.line(f"linalg.generic {{indexing_maps = [{_map(dims, a_map)}, {_map(dims, b_map)}, "
-                      f"{_map(dims, c_map)}], iterator_types = [{_its(its)}], {w.tag(f'gemm_r{r.idx}')}}} "
-                      f"ins({a_op.name}, {b_op.name} : {a_op.type}, {b_op.type}) outs({acc0.name} : {acc0.type}) {{\n"
-                      f"    ^bb0(%x: {et}, %y: {et}, %acc: {et}):\n"
-                      f"      %p = arith.mulf %x, %y fastmath<reassoc,contract> : {et}\n"
-                      f"      %s = arith.addf %acc, %p fastmath<reassoc,contract> : {et}\n"
-                      f"      linalg.yield %s : {et}\n    }} -> {acc0.type}", c4)
+        prod = w.contraction(a_op, b_op, acc0, dims, (a_map, b_map, c_map), its, f"gemm_r{r.idx}")
         flat = w.collapse(prod, c4_groups, c2)
         if whole and flat is not prod:
             ctx.body.collapsed_views[flat.name] = (prod, c4_groups)

@@ -124,20 +124,11 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
                        f"ins({bv.name} : {bv.type}) outs({view.name} : {view.type}) {{\n"
                        f"    ^bb0(%bi: {et}, %bo: {et}):\n      linalg.yield %bi : {et}\n    }} -> {view.type}", c4)
     else:
-        zero = ctx.scalar_const(0, dtype)
-        acc0 = wr.line(f"linalg.fill {{{wr.tag('init_r0')}}} ins({zero.name} : {et}) outs({view.name} : {view.type}) "
-                       f"-> {view.type}", c4)
+        acc0 = wr.zero_fill(view, "init_r0")
     dims = ["b", "m1", "n1", "c", "kh", "kw", "m0", "n0"]
     its = ["parallel"] * 3 + ["reduction"] * 3 + ["parallel"] * 2
-    prod = wr.line(
-        f"linalg.generic {{indexing_maps = [{_map(dims, ['m1', 'm0', 'c', 'kh', 'kw'])}, "
-        f"{_map(dims, ['b', 'n1', 'c', 'kh', 'kw', 'n0'])}, {_map(dims, cdims)}], iterator_types = [{_its(its)}], "
-        f"{wr.tag('gemm_r0')}}} ins({a5.name}, {packed.name} : {a5.type}, {packed.type}) "
-        f"outs({acc0.name} : {acc0.type}) {{\n"
-        f"    ^bb0(%x: {et}, %y: {et}, %acc: {et}):\n"
-        f"      %p = arith.mulf %x, %y fastmath<reassoc,contract> : {et}\n"
-        f"      %s = arith.addf %acc, %p fastmath<reassoc,contract> : {et}\n"
-        f"      linalg.yield %s : {et}\n    }} -> {acc0.type}", c4)
+    prod = wr.contraction(a5, packed, acc0, dims, (["m1", "m0", "c", "kh", "kw"], ["b", "n1", "c", "kh", "kw", "n0"],
+                                                   cdims), its, "gemm_r0")
     flat = wr.collapse(prod, [[0], [1, 2], [3, 4]], [n, mp, np_])
     ops = ctx._provenance()
     operands = [ctx.body.operand(xf), ctx.body.operand(wt)] + ([ctx.body.operand(bp)] if bp is not None else [])
@@ -203,27 +194,17 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
              conv_wgrad={"kh": kh, "kw": kw, "images": n})
     kid = ctx.body.next_kernel_id()
     wr = _Writer(ctx, kid, dtype)
-    et = storage_type(dtype)
     dest = wr.line(f"tensor.empty() : {wr.ty([n, n1, pp, nr])}", [n, n1, pp, nr])
     packed = wr.line(f"linalg.pack {gw.name} inner_dims_pos = [1] inner_tiles = [{nr}] into {dest.name} "
                      f"{{{wr.tag('packB_r0')}}} : {gw.type} -> {dest.type}", [n, n1, pp, nr])
     c6 = [kh, kw, m1, mr, n1, nr]
     view = wr.line(f"tensor.empty() : {wr.ty(c6)}", c6)
-    zero = ctx.scalar_const(0, dtype)
-    acc0 = wr.line(f"linalg.fill {{{wr.tag('init_r0')}}} ins({zero.name} : {et}) outs({view.name} : {view.type}) "
-                   f"-> {view.type}", c6)
+    acc0 = wr.zero_fill(view, "init_r0")
     dims = ["m1", "n1", "b", "p", "kh", "kw", "m0", "n0"]
     its = ["parallel", "parallel", "reduction", "reduction", "parallel", "parallel", "parallel", "parallel"]
-    a_map = _map(dims, ["b", f"m1 * {mr} + m0", f"p + kh * {dh * wp} + kw * {dw}"])
-    prod = wr.line(
-        f"linalg.generic {{indexing_maps = [{a_map}, {_map(dims, ['b', 'n1', 'p', 'n0'])}, "
-        f"{_map(dims, ['kh', 'kw', 'm1', 'm0', 'n1', 'n0'])}], iterator_types = [{_its(its)}], "
-        f"{wr.tag('gemm_r0')}}} ins({xf.name}, {packed.name} : {xf.type}, {packed.type}) "
-        f"outs({acc0.name} : {acc0.type}) {{\n"
-        f"    ^bb0(%x: {et}, %y: {et}, %acc: {et}):\n"
-        f"      %p = arith.mulf %x, %y fastmath<reassoc,contract> : {et}\n"
-        f"      %s = arith.addf %acc, %p fastmath<reassoc,contract> : {et}\n"
-        f"      linalg.yield %s : {et}\n    }} -> {acc0.type}", c6)
+    a_map = ["b", f"m1 * {mr} + m0", f"p + kh * {dh * wp} + kw * {dw}"]
+    prod = wr.contraction(xf, packed, acc0, dims, (a_map, ["b", "n1", "p", "n0"], ["kh", "kw", "m1", "m0", "n1", "n0"]),
+                          its, "gemm_r0")
     flat = wr.collapse(prod, [[0], [1], [2, 3], [4, 5]], [kh, kw, cp, ocp])
     ops = ctx._provenance()
     ctx.body.add_kernel(KernelInfo(kid, "matmul", (kh * kw, c, oc, n * oh * ow), (), (
