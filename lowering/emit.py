@@ -36,7 +36,7 @@ from neuron_compile.lowering.outputs import live_nodes, plan_outputs
 from neuron_compile.plan import CallPlan, HostOp, TensorSpec
 
 from neuron_compile.runtime import KERNEL_SYMBOL  # noqa: E402
-_EMPTY_FACTORIES = {torch.ops.aten.empty_like.default, torch.ops.aten.empty.memory_format,
+EMPTY_FACTORIES = {torch.ops.aten.empty_like.default, torch.ops.aten.empty.memory_format,
                     torch.ops.aten.empty_strided.default, torch.ops.aten.zeros_like.default,
                     torch.ops.aten.zeros.default}
 
@@ -408,7 +408,7 @@ def _host_op(node: torch.fx.Node, placeholders: list[torch.fx.Node]) -> HostOp:
         if isinstance(a, torch.fx.Node):
             if a.op == "placeholder":
                 return ("input", placeholders.index(a))
-            if a.op == "call_function" and a.target in _EMPTY_FACTORIES:
+            if a.op == "call_function" and a.target in EMPTY_FACTORIES:
                 return ("empty", TensorSpec.of(a.meta["val"]), a.target == torch.ops.aten.zeros_like.default
                         or a.target == torch.ops.aten.zeros.default)
             raise RuleDeclined("a random op whose input is computed inside the graph runs on the host before "

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     # lazy, so `import neuron_compile` and backend lookup stay cheap
-    if name in ("metrics", "reset_metrics"):
+    if name in ("metrics", "reset_metrics", "get_fallback_ops"):
         from neuron_compile import counters as m
         return getattr(m, name)
     if name == "load_executable":
@@ -24,5 +24,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["CacheError", "DynamicShapeError", "LoweringError", "NeuronCompileError", "PipelineError",
-           "RuntimeCallError", "UnsupportedOpsError", "__version__", "explain_key", "load_executable", "metrics",
+           "RuntimeCallError", "UnsupportedOpsError", "__version__", "explain_key", "get_fallback_ops", "load_executable", "metrics",
            "reset_metrics"]

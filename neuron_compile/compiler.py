@@ -153,9 +153,18 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
         An :class:`Executable` taking and returning lists of tensors.
     Raises:
         UnsupportedOpsError, DynamicShapeError, LoweringError, PipelineError.
+
+    A graph with host calls (:mod:`neuron_compile.passes.host_calls`) is compiled as a program of
+    kernel segments, each compiled (and cached) by this function: see :func:`compile_segmented`.
     """
     from neuron_compile.lowering.emit import graph_input_specs
+    from neuron_compile.passes.host_calls import host_call_nodes
     config = config or Config()
+    host_nodes, fallbacks = host_call_nodes(gm, fallback=config.fallback == "eager")
+    if fallbacks:
+        _warn_fallbacks(fallbacks, kind)
+    if host_nodes:
+        return compile_segmented(gm, host_nodes, config, kind)
     name = f"graph_{next(_graph_ids):03d}_{kind}"
     dumper = Dumper(config.dump_dir, name)
     t0 = time.perf_counter()
@@ -194,3 +203,27 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
     counters.add_seconds("total", time.perf_counter() - t0)
     exe.cache_key = key
     return exe
+
+
+def _warn_fallbacks(ops: list, kind: str) -> None:
+    """One warning per graph listing the ops the eager fallback runs (``fallback="eager"``)."""
+    import warnings
+    counters.record_fallbacks(ops)
+    listing = "\n".join(f"  {u.op} (node {u.node}) at {u.location}" for u in ops)
+    warnings.warn(f"neuron-compile: {len(ops)} op(s) of a graph ({kind}) have no lowering rule and run in eager "
+                  f"PyTorch (fallback='eager'):\n{listing}", RuntimeWarning, stacklevel=2)
+
+
+def compile_segmented(gm: torch.fx.GraphModule, host_nodes: list, config: Config, kind: str):
+    """``gm`` cut at ``host_nodes`` into kernel segments and host calls
+    (:func:`neuron_compile.segments.split_program`); each segment is compiled by
+    :func:`compile_graph` under its own cache key. Returns a
+    :class:`~neuron_compile.segments.SegmentedExecutable`."""
+    from neuron_compile.segments import SegmentedExecutable, split_program
+    program, segments = split_program(gm, host_nodes)
+    exes = [compile_graph(seg, config, f"{kind}_seg{i}") for i, seg in enumerate(segments)]
+    counters.bump("host_calls", program.host_calls)
+    name = f"graph_{next(_graph_ids):03d}_{kind}"
+    log.info("neuron-compile %s: %d kernel segments, %d host calls", name, len(exes), program.host_calls)
+    Dumper(config.dump_dir, name).write("program", "json", json.dumps(program.to_json(), indent=1))
+    return SegmentedExecutable(name, program, exes)

@@ -26,6 +26,7 @@ _ENV = {
     "schedule": "NEURON_SCHEDULE",
     "profile": "NEURON_PROFILE",
     "compile_jobs": "NEURON_COMPILE_JOBS",
+    "fallback": "NEURON_FALLBACK",
 }
 
 
@@ -54,6 +55,10 @@ class Config:
         compile_jobs: parallel ``opt``/``llc`` processes per graph (``NEURON_COMPILE_JOBS``; default
             0 = one per core this process may run on). The module is split by function, so the
             code is the same whatever the count; not part of the cache key.
+        fallback: ``""`` (default: an op with no lowering rule fails compilation with
+            :class:`~neuron_compile.errors.UnsupportedOpsError`) or ``"eager"`` (``NEURON_FALLBACK``):
+            such ops run as host calls between kernel segments, with one warning per graph, listed
+            by ``neuron_compile.get_fallback_ops()`` and counted in ``metrics()["fallback_ops"]``.
     """
 
     dump_dir: str | None = None
@@ -67,6 +72,7 @@ class Config:
     schedule: str = ""
     profile: bool = False
     compile_jobs: int = 0
+    fallback: str = ""
 
     @property
     def jobs(self) -> int:
@@ -148,6 +154,9 @@ def resolve_config(options: Mapping[str, Any] | None = None,
         raise NeuronCompileError(f"compile_jobs must be >= 0 (0 = one per core), got {cfg.compile_jobs}")
     if cfg.compile_timeout <= 0:
         raise NeuronCompileError(f"compile_timeout must be > 0 seconds, got {cfg.compile_timeout}")
+    if cfg.fallback not in ("", "eager"):
+        raise NeuronCompileError(f"fallback must be '' (fail on an op with no lowering rule) or 'eager', "
+                                 f"got {cfg.fallback!r}")
     cfg.pass_names  # noqa: B018  (validates the pass spec now, with a clear error)
     from neuron_compile.codegen.strategy import parse_overrides
     parse_overrides(cfg.schedule)  # likewise the schedule overrides

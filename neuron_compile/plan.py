@@ -62,7 +62,7 @@ def encode_value(v: Any) -> Any:
         return {"layout": str(v).replace("torch.", "")}
     if isinstance(v, torch.memory_format):
         return {"memory_format": str(v).replace("torch.", "")}
-    if isinstance(v, tuple) and v and v[0] in ("input", "empty", "output"):
+    if isinstance(v, tuple) and v and v[0] in ("input", "empty", "output", "value"):
         return {"ref": [encode_value(x) for x in v]}
     if isinstance(v, (list, tuple)):
         return {"list": [encode_value(x) for x in v], "tuple": isinstance(v, tuple)}
