@@ -116,4 +116,15 @@ def workloads() -> list[Workload]:
         _gpt2(False),
         _gpt2(True),
     ]
+    # host calls (issue 11): ops whose generated form is O(n^2) run in ATen between kernel segments
+    g = torch.Generator().manual_seed(3)
+    out += [
+        Workload("topk k=50 1x50257", "host", lambda: ((lambda x: torch.topk(x, 50, -1)), (torch.randn(1, 50257, generator=g),))),
+        Workload("topk k=50 32x50257", "host", lambda: ((lambda x: torch.topk(x, 50, -1)), (torch.randn(32, 50257, generator=g),))),
+        Workload("sort 1M", "host", lambda: ((lambda x: torch.sort(x)), (torch.randn(1 << 20, generator=g),))),
+        Workload("argsort 1M", "host", lambda: ((lambda x: torch.argsort(x)), (torch.randn(1 << 20, generator=g),))),
+        Workload("cumsum 64x65536", "host", lambda: ((lambda x: torch.cumsum(x, -1)), (torch.randn(64, 65536, generator=g),))),
+        Workload("unique 1M int64", "host",
+                 lambda: ((lambda x: torch.unique(x)), (torch.randint(0, 1 << 16, (1 << 20,), generator=g),))),
+    ]
     return out

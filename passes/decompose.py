@@ -168,18 +168,32 @@ def _order_statistic(x: torch.Tensor, dim: int, keepdim: bool, pick):
     return (values, indices) if keepdim else (values.squeeze(dim), indices.squeeze(dim))
 
 
+def _host_sized(x: torch.Tensor, dim: int | None) -> bool:
+    """A row longer than the generated sort handles: the op stays in the graph as a host call
+    (:mod:`neuron_compile.passes.host_calls`), ATen's O(n) selection instead of an O(n²) kernel."""
+    from neuron_compile.passes.host_calls import GENERATED_MAX_LENGTH
+    n = x.numel() if dim is None else (x.shape[dim % x.dim()] if x.dim() else 1)
+    return n > GENERATED_MAX_LENGTH
+
+
 def _median_dim(x, dim=-1, keepdim=False):
     """Lower median along ``dim``; NaN (and a NaN's index) if the slice holds one, as ATen."""
+    if _host_sized(x, dim):
+        return NotImplemented
     return _order_statistic(x, dim, keepdim, lambda n, nans: torch.where(nans > 0, n - nans, (n - 1) // 2))
 
 
 def _nanmedian_dim(x, dim=-1, keepdim=False):
     """Lower median of the non-NaN values along ``dim`` (NaN if all are NaN)."""
+    if _host_sized(x, dim):
+        return NotImplemented
     return _order_statistic(x, dim, keepdim, lambda n, nans: ((n - nans - 1) // 2).clamp_min(0))
 
 
 def _kthvalue(x, k, dim=-1, keepdim=False):
     """The k-th smallest (1-based) along ``dim``, NaN counting as the largest."""
+    if _host_sized(x, dim):
+        return NotImplemented
     return _order_statistic(x, dim, keepdim, lambda n, nans: torch.full_like(nans, k - 1))
 
 
@@ -190,6 +204,8 @@ def _mode(x, dim=-1, keepdim=False):
     ATen's ``std::sort`` is not stable beyond 16 elements, where eager may return another
     occurrence of the same value). Each NaN is its own value (NaN equals nothing), so it is the
     mode only of a row of NaNs. Counting is O(n²) per slice, like the sort family's kernels."""
+    if _host_sized(x, dim):
+        return NotImplemented
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64)
     dim = dim % x.dim()
@@ -393,9 +409,11 @@ OURS: dict[object, tuple[Callable, str]] = {
     aten._histogramdd_from_bin_tensors.default: (histogram.histogramdd_from_bin_tensors,
                                                  "std::upper_bound unrolled per dim, one-hot counts"),
     aten.median.dim: (_median_dim, "stable sort, then the element at the lower-median position"),
-    aten.median.default: (lambda x: _median_dim(x.reshape(-1), 0)[0], "median of the flattened input"),
+    aten.median.default: (lambda x: NotImplemented if _host_sized(x, None) else _median_dim(x.reshape(-1), 0)[0],
+                          "median of the flattened input"),
     aten.nanmedian.dim: (_nanmedian_dim, "stable sort (NaN last), lower median of the non-NaN prefix"),
-    aten.nanmedian.default: (lambda x: _nanmedian_dim(x.reshape(-1), 0)[0], "nanmedian of the flattened input"),
+    aten.nanmedian.default: (lambda x: NotImplemented if _host_sized(x, None) else _nanmedian_dim(x.reshape(-1), 0)[0],
+                             "nanmedian of the flattened input"),
     aten.mode.default: (_mode, "O(n^2) equal-value counts; ties to the smallest value, its last index"),
     aten.kthvalue.default: (_kthvalue, "stable sort, then the element at position k - 1"),
     aten.avg_pool2d.default: (separable.avg_pool(2), "window-weight matrix per spatial dim, as matmuls"),

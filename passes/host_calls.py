@@ -33,6 +33,11 @@ def _dim_length(node: torch.fx.Node, dim_arg: int, default_dim: int = -1) -> int
     return int(val.shape[dim % val.dim()])
 
 
+def _numel(node: torch.fx.Node) -> int:
+    val = node.args[0].meta.get("val")
+    return int(val.numel()) if isinstance(val, torch.Tensor) else 1
+
+
 def _sequence_length(node: torch.fx.Node) -> int:
     seq = node.args[0].meta.get("val")
     return int(seq.shape[-1]) if isinstance(seq, torch.Tensor) and seq.dim() else 1
@@ -48,6 +53,13 @@ HOST_CALL_OPS: dict[object, Callable[[torch.fx.Node], int]] = {
     aten.cummax.default: lambda n: _dim_length(n, 1),
     aten.cummin.default: lambda n: _dim_length(n, 1),
     aten.logcumsumexp.default: lambda n: _dim_length(n, 1),
+    # order statistics: their decompositions (passes/decompose.py) leave long rows to these ops
+    aten.median.dim: lambda n: _dim_length(n, 1),
+    aten.nanmedian.dim: lambda n: _dim_length(n, 1),
+    aten.kthvalue.default: lambda n: _dim_length(n, 2),
+    aten.mode.default: lambda n: _dim_length(n, 1),
+    aten.median.default: _numel,
+    aten.nanmedian.default: _numel,
     aten.searchsorted.Tensor: _sequence_length,
     aten.searchsorted.Scalar: _sequence_length,
 }

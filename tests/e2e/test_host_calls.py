@@ -61,6 +61,13 @@ LONG = GENERATED_MAX_LENGTH * 20
     ("cummax", lambda x: torch.cummax(x, 0), torch.randn(LONG, 3)),
     ("logcumsumexp", lambda x: torch.logcumsumexp(x, -1), torch.randn(2, LONG)),
     ("searchsorted", lambda x: torch.searchsorted(torch.sort(x).values, x * 0.5), torch.randn(LONG)),
+    ("median", lambda x: torch.median(x, -1), torch.randn(3, LONG)),
+    ("median-all", lambda x: torch.median(x), torch.randn(LONG)),
+    ("nanmedian", lambda x: torch.nanmedian(x, 0), torch.where(torch.rand(LONG, 2) < 0.2, float("nan"), 1.0)
+     * torch.randn(LONG, 2)),
+    ("kthvalue", lambda x: torch.kthvalue(x, 5, -1), torch.randn(2, LONG)),
+    ("mode", lambda x: torch.mode(x, -1), torch.randint(0, 9, (3, LONG)).float()),
+    ("quantile", lambda x: torch.quantile(x, torch.tensor([0.1, 0.5, 0.9]), dim=-1), torch.randn(3, LONG)),
 ])
 def test_long_rows_run_on_the_host_and_match_eager_exactly(name, fn, x):
     got = nc(fn)(x)
