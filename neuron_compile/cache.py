@@ -291,6 +291,9 @@ def build_to_executable(build: Build) -> Executable:
     """Load a fresh build straight from its work dir (no disk cache)."""
     from neuron_compile.executable import NATIVE
     from neuron_compile.runtime import load_shared_object
+    if build.program is not None:
+        from neuron_compile.segments import Program, SegmentedExecutable
+        return SegmentedExecutable(build.name, Program.from_json(build.program), build.segment_executables)
     if NATIVE not in build.payloads:
         return Executable(build.plan, None, build.name, kernels=build.kernels)
     fn, lib = load_shared_object(build.payloads[NATIVE])

@@ -155,7 +155,7 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
         UnsupportedOpsError, DynamicShapeError, LoweringError, PipelineError.
 
     A graph with host calls (:mod:`neuron_compile.passes.host_calls`) is compiled as a program of
-    kernel segments, each compiled (and cached) by this function: see :func:`compile_segmented`.
+    kernel segments, each compiled (and cached) by this function: see :func:`build_program`.
     """
     from neuron_compile.lowering.emit import graph_input_specs
     from neuron_compile.passes.host_calls import host_call_nodes
@@ -163,8 +163,6 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
     host_nodes, fallbacks = host_call_nodes(gm, fallback=config.fallback == "eager")
     if fallbacks:
         _warn_fallbacks(fallbacks, kind)
-    if host_nodes:
-        return compile_segmented(gm, host_nodes, config, kind)
     name = f"graph_{next(_graph_ids):03d}_{kind}"
     dumper = Dumper(config.dump_dir, name)
     t0 = time.perf_counter()
@@ -177,6 +175,8 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
     workdirs: list[Path] = []
 
     def compile_fn() -> Build:
+        if host_nodes:
+            return build_program(gm, host_nodes, config, name, kind, dumper)
         workdir = dumper.workdir or Path(tempfile.mkdtemp(prefix=f"neuron-{name}-"))
         workdirs.append(workdir)
         return build_graph(gm, config, name, dumper, target, workdir)
@@ -202,6 +202,8 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
                     w.rmdir()
     counters.add_seconds("total", time.perf_counter() - t0)
     exe.cache_key = key
+    if host_nodes:  # compiled or loaded: each graph handed to us counts its host calls
+        counters.bump("host_calls", exe.program.host_calls)
     return exe
 
 
@@ -214,16 +216,22 @@ def _warn_fallbacks(ops: list, kind: str) -> None:
                   f"PyTorch (fallback='eager'):\n{listing}", RuntimeWarning, stacklevel=2)
 
 
-def compile_segmented(gm: torch.fx.GraphModule, host_nodes: list, config: Config, kind: str):
-    """``gm`` cut at ``host_nodes`` into kernel segments and host calls
-    (:func:`neuron_compile.segments.split_program`); each segment is compiled by
-    :func:`compile_graph` under its own cache key. Returns a
-    :class:`~neuron_compile.segments.SegmentedExecutable`."""
-    from neuron_compile.segments import SegmentedExecutable, split_program
+def build_program(gm: torch.fx.GraphModule, host_nodes: list, config: Config, name: str, kind: str,
+                  dumper: Dumper) -> Build:
+    """A graph with host calls (a cache miss): ``gm`` cut at ``host_nodes`` into kernel segments and
+    host calls (:func:`neuron_compile.segments.split_program`), each segment compiled by
+    :func:`compile_graph` under its own cache key. The :class:`Build` carries no native code: its
+    manifest holds the program and the segments' keys (loaded by
+    :func:`~neuron_compile.executable.load_executable`)."""
+    from neuron_compile.lowering.emit import graph_input_specs
+    from neuron_compile.plan import CallPlan
+    from neuron_compile.segments import split_program
+    specs = graph_input_specs(gm)
     program, segments = split_program(gm, host_nodes)
     exes = [compile_graph(seg, config, f"{kind}_seg{i}") for i, seg in enumerate(segments)]
-    counters.bump("host_calls", program.host_calls)
-    name = f"graph_{next(_graph_ids):03d}_{kind}"
     log.info("neuron-compile %s: %d kernel segments, %d host calls", name, len(exes), program.host_calls)
-    Dumper(config.dump_dir, name).write("program", "json", json.dumps(program.to_json(), indent=1))
-    return SegmentedExecutable(name, program, exes)
+    dumper.write("program", "json", json.dumps(program.to_json(), indent=1))
+    build = Build(name, CallPlan(specs), ops=len(host_nodes))
+    build.program = {**program.to_json(), "segments": [e.cache_key.digest for e in exes]}
+    build.segment_executables = exes
+    return build

@@ -90,8 +90,11 @@ class Config:
 
     def codegen_key(self) -> dict[str, Any]:
         """Fields that change generated code (part of the cache key); dumps and timeouts do not."""
-        return {"opt_level": self.opt_level, "passes": list(self.pass_names), "schedule": self.schedule,
-                "profile": self.profile}
+        key = {"opt_level": self.opt_level, "passes": list(self.pass_names), "schedule": self.schedule,
+               "profile": self.profile}
+        if self.fallback:  # which ops run on the host (absent when off: earlier keys stay valid)
+            key["fallback"] = self.fallback
+        return key
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -55,6 +55,10 @@ class Build:
     seconds: dict[str, float] = field(default_factory=dict)
     ops: int = 0
     kernels: list[dict[str, Any]] = field(default_factory=list)  # KernelInfo JSON + its schedule
+    # a graph with host calls: the program (neuron_compile.segments.Program JSON plus "segments",
+    # the cache keys of its kernel segments) and, fresh from the compile, their executables
+    program: dict[str, Any] | None = None
+    segment_executables: list[Any] = field(default_factory=list)
 
 
 def write_executable(directory: Path, build: Build, key: CacheKey | None, target: Any) -> None:
@@ -86,6 +90,7 @@ def write_executable(directory: Path, build: Build, key: CacheKey | None, target
         "compile_seconds": build.seconds,
         "ops": build.ops,
         "kernels": build.kernels,
+        "program": build.program,
         "payloads": hashes,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
     }
@@ -148,6 +153,8 @@ def load_executable(path: str | Path, mode: str = "native", expect_key: str | No
         raise ExecutableError(f"executable {directory} is corrupt: {'; '.join(problems)}")
     plan = CallPlan.from_json(manifest["plan"])
     name = manifest.get("name", directory.name)
+    if manifest.get("program"):
+        return _load_program(directory, manifest, mode)
     if manifest.get("entry_symbol") is None:
         return Executable(plan, None, name, kernels=manifest.get("kernels", []))
     from neuron_compile.target import HostCPU
@@ -164,6 +171,26 @@ def load_executable(path: str | Path, mode: str = "native", expect_key: str | No
         fn, engine = _jit(directory / LLVM_MLIR, plan)
         return Executable(plan, fn, name, keepalive=engine, kernels=manifest.get("kernels", []))
     raise ValueError(f"mode must be 'native' or 'jit', got {mode!r}")
+
+
+def _load_program(directory: Path, manifest: dict[str, Any], mode: str):
+    """A graph with host calls: its kernel segments are the cache entries named in the program,
+    stored beside this one (``<cache>/<xx>/<digest>``)."""
+    from neuron_compile.segments import Program, SegmentedExecutable
+    program = Program.from_json(manifest["program"])
+    base = directory.parent.parent
+    segments = []
+    for digest in manifest["program"]["segments"]:
+        seg = base / digest[:2] / digest
+        if not (seg / MANIFEST).is_file():
+            raise ExecutableError(f"executable {directory} runs kernel segment {digest}, which is not in "
+                                  f"{base}; recompile it")
+        segments.append(load_executable(seg, mode, expect_key=digest))
+        try:
+            os.utime(seg / MANIFEST)  # used with the program: least-recently-used eviction keeps them together
+        except OSError:
+            pass
+    return SegmentedExecutable(manifest.get("name", directory.name), program, segments)
 
 
 @functools.lru_cache(maxsize=1)

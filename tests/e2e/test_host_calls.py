@@ -193,3 +193,33 @@ def test_fallback_from_the_environment_and_bad_values(monkeypatch):
     from neuron_compile.config import resolve_config
     with pytest.raises(NeuronCompileError, match="fallback must be"):
         resolve_config({"fallback": "python"})
+
+
+def test_a_program_is_one_cache_entry_that_loads_its_segments(tmp_path):
+    from neuron_compile.cache import clear_memory_cache
+    from neuron_compile.executable import read_manifest
+    x, w = torch.randn(5, 40), torch.randn(40, LONG)
+    opts = {"cache_dir": str(tmp_path)}
+    first = nc(chain, options=opts)(x, w)
+    assert neuron_compile.metrics()["graphs_compiled"] == 2
+    programs = [m for m in tmp_path.rglob("manifest.json") if read_manifest(m.parent).get("program")]
+    assert len(programs) == 1
+    manifest = read_manifest(programs[0].parent)
+    assert len(manifest["program"]["segments"]) == 2
+    # a warm start (memory cache dropped, as in a new process): one disk hit, nothing compiled
+    clear_memory_cache()
+    torch._dynamo.reset()
+    neuron_compile.reset_metrics()
+    again = nc(chain, options=opts)(x, w)
+    m = neuron_compile.metrics()
+    assert (m["graphs_compiled"], m["disk_hits"], m["host_calls"]) == (0, 1, 1)
+    for a, b in zip(again, first):
+        assert torch.equal(a, b)
+    # the loader runs it directly; a segment gone from the cache is a clear error, not a crash
+    exe = neuron_compile.load_executable(programs[0].parent)
+    assert torch.equal(exe([x, w])[1], first[1])
+    seg = programs[0].parent.parent.parent / manifest["program"]["segments"][0][:2] / manifest["program"]["segments"][0]
+    import shutil
+    shutil.rmtree(seg)
+    with pytest.raises(neuron_compile.errors.ExecutableError, match="kernel segment"):
+        neuron_compile.load_executable(programs[0].parent)
