@@ -76,6 +76,22 @@ def _layout_matches(t: torch.Tensor, spec: TensorSpec) -> bool:
     return all(st == sp or size == 1 for st, sp, size in zip(t.stride(), spec.stride, spec.shape))
 
 
+def _resolve(a: Any, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> Any:
+    """A host op's argument with its references filled in. Module-level on purpose: a recursive
+    nested closure is a reference cycle that keeps ``inputs``/``outputs`` alive until the garbage
+    collector runs (see :func:`neuron_compile.segments._resolve`)."""
+    if isinstance(a, tuple) and a and a[0] == "input":
+        return inputs[a[1]]
+    if isinstance(a, tuple) and a and a[0] == "output":
+        return outputs[a[1]]
+    if isinstance(a, tuple) and a and a[0] == "empty":
+        spec, zeroed = a[1], a[2]
+        return (torch.zeros if zeroed else torch.empty)(spec.shape, dtype=spec.dtype)
+    if isinstance(a, list):
+        return [_resolve(x, inputs, outputs) for x in a]
+    return a
+
+
 class Executable:
     """A compiled graph: callable on a list of tensors, returns the graph's outputs (a list).
 
@@ -127,18 +143,8 @@ class Executable:
 
     def _run_host_op(self, op: HostOp, inputs: Sequence[torch.Tensor],
                      outputs: Sequence[torch.Tensor] = ()) -> Any:
-        def resolve(a: Any) -> Any:
-            if isinstance(a, tuple) and a and a[0] == "input":
-                return inputs[a[1]]
-            if isinstance(a, tuple) and a and a[0] == "output":
-                return outputs[a[1]]
-            if isinstance(a, tuple) and a and a[0] == "empty":
-                spec, zeroed = a[1], a[2]
-                return (torch.zeros if zeroed else torch.empty)(spec.shape, dtype=spec.dtype)
-            if isinstance(a, list):
-                return [resolve(x) for x in a]
-            return a
-        out = op.target(*[resolve(a) for a in op.args], **{k: resolve(v) for k, v in op.kwargs.items()})
+        out = op.target(*[_resolve(a, inputs, outputs) for a in op.args],
+                        **{k: _resolve(v, inputs, outputs) for k, v in op.kwargs.items()})
         return out.contiguous() if isinstance(out, torch.Tensor) else out
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
