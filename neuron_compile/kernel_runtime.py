@@ -275,16 +275,28 @@ def runtime_shared_library() -> Path:
 @functools.lru_cache(maxsize=1)
 def _libgomp() -> tuple[int, int, int, int] | None:
     """Addresses of ``GOMP_parallel``, ``GOMP_barrier``, ``omp_get_thread_num`` and
-    ``omp_get_num_threads`` in the libgomp already loaded in this process (torch's), or ``None``."""
+    ``omp_get_num_threads`` in torch's own OpenMP runtime, or ``None``.
+
+    Looked up through ``libtorch_cpu``'s handle (``dlsym`` on a handle searches the library's
+    dependencies, so this is the libgomp torch was linked against), not by name among the mapped
+    libraries: another package may load a second libgomp (scikit-learn's wheel bundles one), whose
+    thread count ``torch.set_num_threads`` does not set. Binding to that one ran every parallel
+    loop of the digits example on a second 2-thread team spinning against torch's pool (a
+    32x128x64 matmul 6 ms instead of microseconds, the training step 36x eager's)."""
     import torch  # noqa: F401  (loads torch's OpenMP runtime)
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
-    paths = sorted({ln.split()[-1] for ln in maps.splitlines() if "libgomp" in ln and ln.split()[-1].startswith("/")})
-    if not paths:
+    mapped = sorted({ln.split()[-1] for ln in maps.splitlines() if ln.split()[-1].startswith("/")})
+    owners = [p for p in mapped if Path(p).name.startswith("libtorch_cpu.")]
+    gomps = [p for p in mapped if "libgomp" in Path(p).name]
+    if owners:
+        lib = ctypes.CDLL(owners[0])  # already mapped: dlopen hands back the same library
+    elif len(gomps) == 1:
+        lib = ctypes.CDLL(gomps[0])
+    else:  # no torch library to ask, and none or several OpenMP runtimes: run loops serially
         return None
-    lib = ctypes.CDLL(paths[0])  # already mapped: dlopen hands back the same library
     names = ("GOMP_parallel", "GOMP_barrier", "omp_get_thread_num", "omp_get_num_threads")
     try:
         return tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names)  # type: ignore[return-value]
