@@ -55,7 +55,7 @@ class LoweredGraph:
     value_uses: dict[str, int] = field(default_factory=dict)  # SSA value → number of uses in the module
 
 
-def _static_spec(node: torch.fx.Node) -> TensorSpec:
+def static_spec(node: torch.fx.Node) -> TensorSpec:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         raise NeuronCompileError(f"graph input {node.name} is a {type(val).__name__}; only tensors are supported")
@@ -66,7 +66,7 @@ def _static_spec(node: torch.fx.Node) -> TensorSpec:
 
 def graph_input_specs(gm: torch.fx.GraphModule) -> list[TensorSpec]:
     """Specs of the graph's placeholders; raises :class:`DynamicShapeError` on a symbolic size."""
-    return [_static_spec(n) for n in gm.graph.nodes if n.op == "placeholder"]
+    return [static_spec(n) for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bool = False,
@@ -86,7 +86,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
     """
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    input_specs = [_static_spec(n) for n in placeholders]
+    input_specs = [static_spec(n) for n in placeholders]
     bad_dtypes = unrepresentable_nodes(gm)
     if bad_dtypes:
         raise UnsupportedOpsError(bad_dtypes, graph_name)

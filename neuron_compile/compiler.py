@@ -157,25 +157,31 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
     A graph with host calls (:mod:`neuron_compile.passes.host_calls`) is compiled as a program of
     kernel segments, each compiled (and cached) by this function: see :func:`build_program`.
     """
-    from neuron_compile.lowering.emit import graph_input_specs
-    from neuron_compile.passes.host_calls import host_call_nodes
+    from neuron_compile.lowering.emit import static_spec, graph_input_specs
+    from neuron_compile.passes.host_calls import host_call_nodes, opaque_inputs
     config = config or Config()
     host_nodes, fallbacks = host_call_nodes(gm, fallback=config.fallback == "eager")
+    opaque = opaque_inputs(gm)
+    as_program = bool(host_nodes or opaque)
     if fallbacks:
         _warn_fallbacks(fallbacks, kind)
     name = f"graph_{next(_graph_ids):03d}_{kind}"
     dumper = Dumper(config.dump_dir, name)
     t0 = time.perf_counter()
     target = HostCPU.detect()
-    specs = graph_input_specs(gm)
-    key = make_cache_key(gm, [s.to_json() for s in specs], config.codegen_key(), target.key())
+    if opaque:  # a script object is keyed by its type; a program passes it through
+        spec_json = [{"opaque": type(n.meta["val"]).__name__} if n in opaque else static_spec(n).to_json()
+                     for n in gm.graph.nodes if n.op == "placeholder"]
+    else:
+        spec_json = [s.to_json() for s in graph_input_specs(gm)]
+    key = make_cache_key(gm, spec_json, config.codegen_key(), target.key())
     counters.add_seconds("cache_key", time.perf_counter() - t0)
     dumper.key(key.digest, key.explain())
 
     workdirs: list[Path] = []
 
     def compile_fn() -> Build:
-        if host_nodes:
+        if as_program:
             return build_program(gm, host_nodes, config, name, kind, dumper)
         workdir = dumper.workdir or Path(tempfile.mkdtemp(prefix=f"neuron-{name}-"))
         workdirs.append(workdir)
@@ -202,7 +208,7 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
                     w.rmdir()
     counters.add_seconds("total", time.perf_counter() - t0)
     exe.cache_key = key
-    if host_nodes:  # compiled or loaded: each graph handed to us counts its host calls
+    if as_program:  # compiled or loaded: each graph handed to us counts its host calls
         counters.bump("host_calls", exe.program.host_calls)
     return exe
 
@@ -223,15 +229,13 @@ def build_program(gm: torch.fx.GraphModule, host_nodes: list, config: Config, na
     :func:`compile_graph` under its own cache key. The :class:`Build` carries no native code: its
     manifest holds the program and the segments' keys (loaded by
     :func:`~neuron_compile.executable.load_executable`)."""
-    from neuron_compile.lowering.emit import graph_input_specs
     from neuron_compile.plan import CallPlan
     from neuron_compile.segments import split_program
-    specs = graph_input_specs(gm)
     program, segments = split_program(gm, host_nodes)
     exes = [compile_graph(seg, config, f"{kind}_seg{i}") for i, seg in enumerate(segments)]
     log.info("neuron-compile %s: %d kernel segments, %d host calls", name, len(exes), program.host_calls)
     dumper.write("program", "json", json.dumps(program.to_json(), indent=1))
-    build = Build(name, CallPlan(specs), ops=len(host_nodes))
+    build = Build(name, CallPlan([]), ops=len(host_nodes))  # the program checks its inputs' count
     build.program = {**program.to_json(), "segments": [e.cache_key.digest for e in exes]}
     build.segment_executables = exes
     return build

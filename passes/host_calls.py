@@ -78,7 +78,7 @@ def _random_in_the_middle(node: torch.fx.Node) -> bool:
     return bool(computed) or not isinstance(node.meta.get("val"), torch.Tensor)
 
 
-BUILTIN_NAMESPACES = frozenset({"aten", "prims", "prim", "_c10d_functional", "c10d_functional"})
+BUILTIN_NAMESPACES = frozenset({"aten", "prims", "prim"})
 
 
 def is_custom_op(node: torch.fx.Node) -> bool:
@@ -92,17 +92,36 @@ def is_custom_op(node: torch.fx.Node) -> bool:
             and get_lowering(target) is None)
 
 
+COLLECTIVE_NAMESPACES = frozenset({"_c10d_functional", "c10d_functional"})
+
+
+def is_collective(node: torch.fx.Node) -> bool:
+    """A functional collective (``_c10d_functional.all_reduce``, ``all_gather_into_tensor``,
+    ``reduce_scatter_tensor``, ``wait_tensor``, ...), as traced from DTensor, tensor parallelism or
+    FSDP2's hooks. It runs as a host call: issuing one returns at once (torch registers the work)
+    and ``wait_tensor`` blocks, so a kernel segment between the two overlaps the communication, as
+    Inductor orders them."""
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace in COLLECTIVE_NAMESPACES
+
+
+def opaque_inputs(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Placeholders that are not tensors (a process group or device mesh as a script object):
+    only a program can pass them on; a kernel segment reading one is refused."""
+    return [n for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get("val") is not None
+            and not isinstance(n.meta.get("val"), torch.Tensor)]
+
+
 def is_host_call(node: torch.fx.Node) -> bool:
     """Whether ``node`` runs as a host call: an op of :data:`HOST_CALL_OPS` whose row is longer
     than :data:`GENERATED_MAX_LENGTH`, a random op reading a computed value
-    (:func:`_random_in_the_middle`), a custom op (:func:`is_custom_op`), or ``getitem`` of a host
-    call's tuple result."""
+    (:func:`_random_in_the_middle`), a custom op (:func:`is_custom_op`), a collective
+    (:func:`is_collective`), or ``getitem`` of a host call's tuple result."""
     if node.op != "call_function":
         return False
     if node.target is operator.getitem:
         src = node.args[0]
         return isinstance(src, torch.fx.Node) and is_host_call(src)
-    if _random_in_the_middle(node) or is_custom_op(node):
+    if _random_in_the_middle(node) or is_custom_op(node) or is_collective(node):
         return True
     length = HOST_CALL_OPS.get(node.target)
     return length is not None and length(node) > GENERATED_MAX_LENGTH
