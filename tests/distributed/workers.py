@@ -178,3 +178,33 @@ def gpt2_fsdp2(rank: int, world: int) -> dict:
     fully_shard(model)
     run = torch.compile(model, backend="neuron", dynamic=False)
     return _lm_result(model, train_lm(model, run, token_batch(rank, world)))
+
+
+def ddp_buckets(rank: int, world: int) -> dict:
+    """A 4 MB MLP in 1 MB gradient buckets: Dynamo's DDPOptimizer splits the graph at bucket
+    boundaries and each piece is compiled. Returns the eager one-process reference as well."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def wide():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 512), nn.GELU(), nn.Linear(512, 1024), nn.GELU(), nn.Linear(1024, 8))
+    reference = wide()
+    train(reference, reference, reference.parameters(), *batch())
+    model = wide()
+    run = torch.compile(DDP(Wrapped(model), bucket_cap_mb=1), backend="neuron", dynamic=False)
+    train(model, run, model.parameters(), *_shard(rank, world))
+    out = _result(model)
+    out["reference"] = {k: v.detach().clone().numpy() for k, v in reference.state_dict().items()}
+    return out
+
+
+class Wrapped(nn.Module):
+    """A user-level module around a built-in container (see README *Distributed*: Dynamo skips a
+    top-level ``nn.Sequential`` frame under DDP)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
