@@ -10,6 +10,7 @@ front of the disk.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -24,7 +25,7 @@ from filelock import FileLock, Timeout
 
 from neuron_compile import counters
 from neuron_compile.cache_key import EXECUTABLE_FORMAT, CacheKey
-from neuron_compile.errors import ExecutableError
+from neuron_compile.errors import CacheError, ExecutableError
 from neuron_compile.executable import MANIFEST, Build, load_executable, write_executable
 from neuron_compile.runtime import Executable
 
@@ -249,14 +250,48 @@ class ArtifactCache:
             except OSError:
                 pass
 
+    def nearest(self, key: CacheKey) -> tuple[str, list[str]] | None:
+        """The stored entry whose key shares the most named parts with ``key``, and the names of
+        the parts that differ (from each manifest's ``key_parts``); ``None`` if the cache is empty."""
+        want = key.part_hashes()
+        best = None
+        for e in self.entries():
+            try:
+                parts = json.loads((e.path / MANIFEST).read_text()).get("key_parts", {})
+            except (OSError, ValueError):
+                continue
+            differ = [name for name, h in want.items() if parts.get(name) != h]
+            if best is None or len(differ) < len(best[1]):
+                best = (e.key, differ)
+        return best
+
+    def strict_miss(self, key: CacheKey, name: str) -> CacheError:
+        """The error of a miss under ``NEURON_CACHE_STRICT=1``: the graph, its key, and how it
+        differs from the nearest stored entry."""
+        near = self.nearest(key)
+        if near is None:
+            detail = f"the cache at {self.root} is empty"
+        else:
+            detail = (f"the nearest entry {near[0][:16]} differs in: {', '.join(near[1]) or 'nothing (a race?)'}")
+        return CacheError(f"{name}: no cache entry for key {key.digest[:16]} and NEURON_CACHE_STRICT=1 forbids "
+                          f"compiling; {detail}.\n{key.explain()}\nCompile it ahead of time with the same "
+                          "torch, neuron-compile, options and CPU, or unset NEURON_CACHE_STRICT.")
+
     # -- the compile-or-load protocol ---------------------------------------------------------------
     def get_or_compile(self, key: CacheKey, compile_fn: Callable[[], Build], target,
-                       lock_timeout: float) -> Executable:
-        """Memory → disk (under the per-key lock) → compile and publish."""
+                       lock_timeout: float, strict: str | None = None) -> Executable:
+        """Memory → disk (under the per-key lock) → compile and publish.
+
+        Args:
+            strict: a graph name: a miss raises :meth:`strict_miss`'s :class:`CacheError` instead
+                of compiling (``NEURON_CACHE_STRICT``).
+        """
         digest = key.digest
         if digest in _MEMORY:
             counters.bump("memory_hits")
             return _MEMORY[digest]
+        if strict and not (self.usable and (self.entry_dir(digest) / MANIFEST).is_file()):
+            raise self.strict_miss(key, strict)
         if not self.usable:
             exe = _compile_in_memory(compile_fn)
         else:
@@ -271,6 +306,8 @@ class ArtifactCache:
                 if exe is not None:
                     counters.bump("disk_hits")
                 else:
+                    if strict:  # the entry was there but failed verification (now quarantined)
+                        raise self.strict_miss(key, strict)
                     counters.bump("misses")
                     build = compile_fn()
                     final = self.store(digest, build, key, target)

@@ -191,7 +191,12 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
     ok = False
     try:
         if config.cache:
-            exe = cache_for(config).get_or_compile(key, compile_fn, target, lock_timeout=4 * config.compile_timeout)
+            exe = cache_for(config).get_or_compile(key, compile_fn, target, lock_timeout=4 * config.compile_timeout,
+                                                   strict=name if config.cache_strict else None)
+        elif config.cache_strict:
+            from neuron_compile.errors import CacheError
+            raise CacheError(f"{name}: NEURON_CACHE_STRICT=1 forbids compiling, and the disk cache is off "
+                             "(NEURON_CACHE=0): nothing can be loaded")
         else:
             exe = compile_without_disk(key, compile_fn)
         ok = True

@@ -27,6 +27,7 @@ _ENV = {
     "profile": "NEURON_PROFILE",
     "compile_jobs": "NEURON_COMPILE_JOBS",
     "fallback": "NEURON_FALLBACK",
+    "cache_strict": "NEURON_CACHE_STRICT",
 }
 
 
@@ -59,6 +60,10 @@ class Config:
             :class:`~neuron_compile.errors.UnsupportedOpsError`) or ``"eager"`` (``NEURON_FALLBACK``):
             such ops run as host calls between kernel segments, with one warning per graph, listed
             by ``neuron_compile.get_fallback_ops()`` and counted in ``metrics()["fallback_ops"]``.
+        cache_strict: a graph missing from the on-disk cache raises
+            :class:`~neuron_compile.errors.CacheError` (naming the graph and the key parts that differ
+            from the nearest stored entry) instead of compiling (``NEURON_CACHE_STRICT``), so a
+            deployment can prove it compiles nothing.
     """
 
     dump_dir: str | None = None
@@ -73,6 +78,7 @@ class Config:
     profile: bool = False
     compile_jobs: int = 0
     fallback: str = ""
+    cache_strict: bool = False
 
     @property
     def jobs(self) -> int:
