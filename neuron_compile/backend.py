@@ -110,6 +110,28 @@ def _data_dependent_error(gm: torch.fx.GraphModule, e: BaseException):
         "only static shapes compile")], "the Dynamo graph")
 
 
+_compile_only_warned = False
+
+
+def _placeholders(gm: torch.fx.GraphModule) -> Callable[[list], list]:
+    """Compile-only mode (``options={"compile_only": True}`` / ``NEURON_COMPILE_ONLY=1``, as
+    TorchNeuron's): the graph was compiled and cached; the call returns zero-filled tensors of each
+    output's shape, strides and dtype (non-tensor outputs as traced) and warns once per process."""
+    global _compile_only_warned
+    if not _compile_only_warned:
+        _compile_only_warned = True
+        warnings.warn("neuron-compile compile_only: graphs are compiled and cached but not run; every output "
+                      "is a zero-filled placeholder of the right shape and dtype", RuntimeWarning, stacklevel=3)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    metas = [o.meta.get("val") if isinstance(o, torch.fx.Node) else o
+             for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+    def run(args: list) -> list:
+        return [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype).zero_() if isinstance(m, torch.Tensor)
+                else m for m in metas]
+    return run
+
+
 def _boxed(fn: Callable[[list], list]) -> Callable[[list], list]:
     @torch._disable_dynamo
     def run(args: list) -> list:
@@ -161,7 +183,7 @@ class NeuronBackend:
                 with unset_fake_temporarily():
                     exe = compile_graph(graph, config, kind)
                 counters.bump("graphs")
-                return _boxed(exe)
+                return _boxed(_placeholders(graph) if config.compile_only else exe)
             return compile_one
 
         from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,

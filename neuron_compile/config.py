@@ -28,6 +28,7 @@ _ENV = {
     "compile_jobs": "NEURON_COMPILE_JOBS",
     "fallback": "NEURON_FALLBACK",
     "cache_strict": "NEURON_CACHE_STRICT",
+    "compile_only": "NEURON_COMPILE_ONLY",
 }
 
 
@@ -64,6 +65,8 @@ class Config:
             :class:`~neuron_compile.errors.CacheError` (naming the graph and the key parts that differ
             from the nearest stored entry) instead of compiling (``NEURON_CACHE_STRICT``), so a
             deployment can prove it compiles nothing.
+        compile_only: compile and cache every graph but do not run it; outputs are zero-filled
+            placeholders of the right shape and dtype, with one warning (``NEURON_COMPILE_ONLY``).
     """
 
     dump_dir: str | None = None
@@ -79,6 +82,7 @@ class Config:
     compile_jobs: int = 0
     fallback: str = ""
     cache_strict: bool = False
+    compile_only: bool = False
 
     @property
     def jobs(self) -> int:

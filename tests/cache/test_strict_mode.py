@@ -41,3 +41,26 @@ def test_strict_mode_loads_what_was_compiled_and_refuses_the_rest(tmp_path):
     assert isinstance(err, CacheError)
     message = str(err)
     assert "graph_" in message and "inputs" in message.split("differs in:")[1].split(".")[0]
+
+
+def test_compile_only_fills_the_cache_then_a_strict_run_computes(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.GELU())
+    x = torch.randn(3, 5)
+    torch._dynamo.reset()
+    clear_memory_cache()
+    neuron_compile.reset_metrics()
+    with pytest.warns(RuntimeWarning, match="compile_only"):
+        out = torch.compile(model, backend="neuron", dynamic=False,
+                            options={"cache_dir": str(tmp_path), "compile_only": True})(x)
+        out.sum().backward()  # the backward graph compiles too
+    assert out.shape == (3, 7) and out.dtype == torch.float32 and not out.any()  # a placeholder
+    assert neuron_compile.metrics()["graphs_compiled"] == 2
+    model.zero_grad()
+    torch._dynamo.reset()
+    clear_memory_cache()
+    neuron_compile.reset_metrics()
+    got = torch.compile(model, backend="neuron", dynamic=False,
+                        options={"cache_dir": str(tmp_path), "cache_strict": True})(x)
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-6)
+    got.sum().backward()
+    assert neuron_compile.metrics()["graphs_compiled"] == 0 and neuron_compile.metrics()["disk_hits"] == 2
