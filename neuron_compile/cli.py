@@ -1,10 +1,13 @@
 """``neuron-compile``: the command line.
 
     neuron-compile cache info|list|verify|clear [--older-than DAYS] [--json] [--cache-dir DIR]
+    neuron-compile compile FILE.py:FACTORY [--train] [--cache-dir DIR] [--emit PHASE -o DIR] [--json]
     neuron-compile compile FILE.mlir --from linalg --emit llvm|obj [-o OUT]
 
-``compile`` runs the phases of the pipeline from a dumped file (``NEURON_DUMP_DIR``), e.g. to
-reproduce a failing stage or to look at the LLVM dialect of one kernel.
+``compile FILE.py:FACTORY`` compiles a model ahead of time into the cache that a later
+``torch.compile(model, backend="neuron", dynamic=False)`` reads (:mod:`neuron_compile.aot`).
+``compile FILE.mlir`` runs the phases of the pipeline from a dumped file (``NEURON_DUMP_DIR``), e.g.
+to reproduce a failing stage or to look at the LLVM dialect of one kernel.
 """
 from __future__ import annotations
 
@@ -115,7 +118,41 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile_factory(args: argparse.Namespace) -> int:
+    """``compile FILE.py:FACTORY``: every graph of the model into the cache (or, with ``--emit``,
+    each graph's phase files into a dump directory)."""
+    from neuron_compile.aot import compile_factory
+    from neuron_compile.errors import NeuronCompileError
+    from neuron_compile.phases import Phase
+    options: dict[str, Any] = {}
+    if args.cache_dir:
+        options["cache_dir"] = args.cache_dir
+    if args.emit_given:
+        Phase.parse(args.emit)
+        out = Path(args.output or "neuron-dump")
+        options.update(dump_dir=str(out), cache=False)  # every phase runs, numbered files per graph
+    try:
+        summary = compile_factory(args.file, train=args.train, options=options, progress=not args.json)
+    except (ValueError, NeuronCompileError) as exc:
+        print(f"neuron-compile compile: {exc}", file=sys.stderr)
+        return 1
+    if args.emit_given:
+        summary["emitted"] = sorted(str(p) for p in out.glob(f"*/*.{args.emit}.*"))
+    lines = [f"{summary['factory']}: {summary['input_sets']} input set(s), "
+             f"{'inference + training' if summary['train'] else 'inference'}",
+             f"graphs {summary['graphs']} (compiled {summary['graphs_compiled']}, already cached "
+             f"{summary['disk_hits'] + summary['memory_hits']}), kernels {summary['kernels']}, "
+             f"host calls {summary['host_calls']}, {summary['seconds']:.1f} s",
+             "seconds per phase: " + ", ".join(f"{k} {v:.2f}" for k, v in summary["phase_seconds"].items())]
+    lines += [f"  {g['cache_key'][:16]}  {g['name']}" for g in summary["graph_keys"]]
+    lines += [f"  wrote {p}" for p in summary.get("emitted", [])]
+    _emit(args, summary, "\n".join(lines))
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
+    if ".py:" in args.file:
+        return cmd_compile_factory(args)
     from neuron_compile.compiler import mlir_to_llvm
     from neuron_compile.errors import NeuronCompileError
     from neuron_compile.phases import Phase
@@ -134,6 +171,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="neuron-cli-"))
     try:
         codegen = None
+        if not args.schedule:  # a dump keeps the schedules beside the linalg file (NN.schedule.json)
+            found = sorted(src.parent.glob("*.schedule.json"))
+            args.schedule = str(found[-1]) if found else None
         if args.schedule:
             import json
 
@@ -181,19 +221,35 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--older-than", type=_days, metavar="DAYS", help="only entries unused for DAYS days")
         if name == "verify":
             p.add_argument("--quarantine", action="store_true", help="move bad entries to quarantine")
-    comp = sub.add_parser("compile", help="run pipeline phases on a dumped file")
-    comp.add_argument("file")
-    comp.add_argument("--from", dest="from_phase", default="linalg", help="phase of FILE (linalg)")
-    comp.add_argument("--emit", default="llvm", help="phase to stop after (llvm or obj)")
-    comp.add_argument("-o", "--output")
+    comp = sub.add_parser(
+        "compile", help="compile a model ahead of time (FILE.py:FACTORY) or run pipeline phases on a dumped file",
+        description="FILE.py:FACTORY: FACTORY() returns (model, example_inputs[, optimizer]); example_inputs "
+                    "is a tuple of arguments or a list of them (one per input shape). Its graphs are compiled "
+                    "into the cache that torch.compile(model, backend='neuron', dynamic=False) reads. "
+                    "FILE.mlir: run phases from a dumped NN.linalg.mlir (--from linalg --emit llvm|obj).")
+    comp.add_argument("file", help="FILE.py:FACTORY or a dumped FILE.mlir")
+    comp.add_argument("--from", dest="from_phase", default="linalg", help="phase of FILE.mlir (linalg)")
+    comp.add_argument("--emit", default=None,
+                      help="FILE.mlir: phase to stop after (llvm or obj; default llvm). FILE.py:FACTORY: write every "
+                           "graph's numbered phase files into -o DIR and list those of this phase "
+                           "(fx, fx-opt, linalg, llvm, obj)")
+    comp.add_argument("-o", "--output", help="output file (FILE.mlir) or dump directory (--emit with a factory)")
+    comp.add_argument("--train", action="store_true",
+                      help="FILE.py:FACTORY: also compile the training graphs (forward and backward)")
+    comp.add_argument("--cache-dir", help="cache root (default: NEURON_CACHE_DIR or ~/.cache/neuron-compile)")
+    comp.add_argument("--json", action="store_true", help="machine-readable summary, no progress bar")
     comp.add_argument("--schedule", metavar="NN.schedule.json",
-                      help="apply the kernels' schedules recorded in a dump (default: every kernel as plain loops)")
+                      help="apply the kernels' schedules recorded in a dump (default: the NN.schedule.json beside "
+                           "FILE.mlir if there is one, else every kernel as plain loops)")
     comp.set_defaults(func=cmd_compile)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "compile":
+        args.emit_given = args.emit is not None
+        args.emit = args.emit or "llvm"
     try:
         return args.func(args)
     except BrokenPipeError:  # `neuron-compile cache list | head`: the reader left; not an error
