@@ -17,6 +17,9 @@ def __getattr__(name: str):
     if name == "load_executable":
         from neuron_compile.executable import load_executable
         return load_executable
+    if name in ("save_bundle", "load_bundle"):
+        from neuron_compile import bundle
+        return getattr(bundle, name)
     if name == "explain_key":
         from neuron_compile.cache_key import explain_key
         return explain_key
@@ -24,5 +27,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["CacheError", "DynamicShapeError", "LoweringError", "NeuronCompileError", "PipelineError",
-           "RuntimeCallError", "UnsupportedOpsError", "__version__", "explain_key", "get_fallback_ops", "load_executable", "metrics",
-           "reset_metrics"]
+           "RuntimeCallError", "UnsupportedOpsError", "__version__", "explain_key", "get_fallback_ops", "load_bundle", "load_executable", "metrics",
+           "reset_metrics", "save_bundle"]

@@ -3,6 +3,8 @@
     neuron-compile cache info|list|verify|clear [--older-than DAYS] [--json] [--cache-dir DIR]
     neuron-compile compile FILE.py:FACTORY [--train] [--cache-dir DIR] [--emit PHASE -o DIR] [--json]
     neuron-compile compile FILE.mlir --from linalg --emit llvm|obj [-o OUT]
+    neuron-compile bundle export -o BUNDLE [--keys KEY..] | bundle import BUNDLE   [--cache-dir DIR]
+    neuron-compile inspect ENTRY_DIR|KEY|BUNDLE
 
 ``compile FILE.py:FACTORY`` compiles a model ahead of time into the cache that a later
 ``torch.compile(model, backend="neuron", dynamic=False)`` reads (:mod:`neuron_compile.aot`).
@@ -194,6 +196,44 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle_export(args: argparse.Namespace) -> int:
+    from neuron_compile.bundle import save_bundle
+    r = save_bundle(args.output, args.cache_dir, args.keys or None)
+    _emit(args, r, f"wrote {r['entries']} entries to {r['path']}"
+          + "".join(f"\n  left out {s['key'][:16]}: {'; '.join(s['problems'])}" for s in r["skipped"]))
+    return 0
+
+
+def cmd_bundle_import(args: argparse.Namespace) -> int:
+    from neuron_compile.bundle import BundleError, load_bundle
+    try:
+        r = load_bundle(args.bundle, args.cache_dir)
+    except BundleError as exc:
+        print(f"neuron-compile bundle import: {exc}", file=sys.stderr)
+        return 1
+    lines = [f"imported {len(r['imported'])}, already in the cache {len(r['existing'])}"]
+    lines += [f"  skipped {k[:16]}: compiled for another CPU than this host's" for k in r["other_cpu"]]
+    _emit(args, r, "\n".join(lines))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from neuron_compile.bundle import BundleError, read_index
+    from neuron_compile.errors import ExecutableError
+    from neuron_compile.executable import read_manifest
+    path = Path(args.path)
+    if not path.is_dir() and len(args.path) >= 8 and not path.exists():  # a cache key (or a prefix of one)
+        found = [e.path for e in _cache(args).entries() if e.key.startswith(args.path)]
+        path = found[0] if len(found) == 1 else path
+    try:
+        data = read_manifest(path) if path.is_dir() else read_index(path)
+    except (ExecutableError, BundleError) as exc:
+        print(f"neuron-compile inspect: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=1))
+    return 0
+
+
 def _days(text: str) -> float:
     """A non-negative number of days (a negative age would select every entry)."""
     try:
@@ -242,6 +282,22 @@ def build_parser() -> argparse.ArgumentParser:
                       help="apply the kernels' schedules recorded in a dump (default: the NN.schedule.json beside "
                            "FILE.mlir if there is one, else every kernel as plain loops)")
     comp.set_defaults(func=cmd_compile)
+    bundle = sub.add_parser("bundle", help="move cache entries between machines in one file")
+    bsub = bundle.add_subparsers(dest="action", required=True)
+    bexp = bsub.add_parser("export", help="write cache entries into a bundle")
+    bexp.add_argument("-o", "--output", required=True, help="bundle file to write (a .tar.gz)")
+    bexp.add_argument("--keys", nargs="*", help="only entries whose cache key starts with one of these")
+    bimp = bsub.add_parser("import", help="add a bundle's entries to the cache (never overwrites; checks "
+                                          "integrity first; skips entries compiled for another CPU)")
+    bimp.add_argument("bundle")
+    for p, fn in ((bexp, cmd_bundle_export), (bimp, cmd_bundle_import)):
+        p.add_argument("--cache-dir", help="cache root (default: NEURON_CACHE_DIR or ~/.cache/neuron-compile)")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=fn)
+    insp = sub.add_parser("inspect", help="print the manifest of a cache entry (directory or key) or a bundle's index")
+    insp.add_argument("path", help="an entry directory, a cache key (prefix), or a bundle file")
+    insp.add_argument("--cache-dir", help="cache root for a key (default: NEURON_CACHE_DIR or ~/.cache/neuron-compile)")
+    insp.set_defaults(func=cmd_inspect)
     return ap
 
 

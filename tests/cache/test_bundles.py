@@ -1,0 +1,114 @@
+"""Bundles move executables between caches (and machines): integrity-checked, all-or-nothing,
+append-only, entries for another CPU skipped."""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+import torch
+
+import neuron_compile
+from neuron_compile.bundle import BundleError, load_bundle, read_index, save_bundle
+from neuron_compile.cache import clear_memory_cache
+
+
+def f(x):
+    return torch.sigmoid(x) * x
+
+
+def g(x):
+    return (x @ x.T).relu()
+
+
+def _compile(cache_dir, strict=False):
+    torch._dynamo.reset()
+    clear_memory_cache()
+    neuron_compile.reset_metrics()
+    x = torch.randn(6, 6)
+    opts = {"cache_dir": str(cache_dir), "cache_strict": strict}
+    out = [torch.compile(fn, backend="neuron", dynamic=False, options=opts)(x) for fn in (f, g)]
+    torch.testing.assert_close(out[0], f(x), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out[1], g(x), rtol=1e-5, atol=1e-5)
+    return neuron_compile.metrics()
+
+
+def _entries(cache_dir):
+    return sorted(p.parent.name for p in cache_dir.rglob("manifest.json"))
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    src = tmp_path_factory.mktemp("machine-a") / "cache"
+    assert _compile(src)["graphs_compiled"] == 2
+    path = tmp_path_factory.mktemp("out") / "two.tar.gz"
+    assert save_bundle(path, src)["entries"] == 2
+    return path
+
+
+def test_a_bundle_imported_under_another_path_gives_warm_starts(bundle, tmp_path):
+    dest = tmp_path / "elsewhere" / "cache"
+    r = load_bundle(bundle, dest)
+    assert len(r["imported"]) == 2 and not r["existing"] and not r["other_cpu"]
+    m = _compile(dest, strict=True)  # strict: a miss would raise
+    assert m["graphs_compiled"] == 0 and m["disk_hits"] == 2
+    again = load_bundle(bundle, dest)  # append-only: nothing overwritten
+    assert again["existing"] == r["imported"] and not again["imported"]
+
+
+def _rewrite(bundle, out, edit_index=None, edit_file=None):
+    """A copy of ``bundle`` with its index or one member changed."""
+    with tarfile.open(bundle) as tar, tarfile.open(out, "w:gz") as new:
+        for m in tar:
+            data = tar.extractfile(m).read()
+            if m.name == "bundle.json" and edit_index:
+                data = json.dumps(edit_index(json.loads(data))).encode()
+            elif m.name != "bundle.json" and edit_file and edit_file(m.name):
+                data = data[:-1] + bytes([data[-1] ^ 0xFF])
+            m.size = len(data)
+            new.addfile(m, io.BytesIO(data))
+    return out
+
+
+def test_corrupted_truncated_and_other_format_bundles_import_nothing(bundle, tmp_path):
+    corrupted = _rewrite(bundle, tmp_path / "bad.tar.gz", edit_file=lambda n: n.endswith("kernel.so"))
+    truncated = tmp_path / "short.tar.gz"
+    truncated.write_bytes(bundle.read_bytes()[: bundle.stat().st_size // 2])
+    other = _rewrite(bundle, tmp_path / "v99.tar.gz", edit_index=lambda d: {**d, "format": 99})
+    for path, message in ((corrupted, "does not match its sha256"), (truncated, "truncated or not a bundle"),
+                          (other, "bundle format 99")):
+        dest = tmp_path / f"cache-{path.stem}"
+        with pytest.raises(BundleError, match=message):
+            load_bundle(path, dest)
+        assert _entries(dest) == []
+
+
+def test_an_entry_for_another_cpu_is_skipped_and_the_rest_imported(bundle, tmp_path):
+    first = read_index(bundle)["entries"][0]["key"]
+
+    def other_cpu(index):
+        index["entries"][0]["target"] = {**index["entries"][0]["target"], "cpu": "some-other-cpu"}
+        return index
+    path = _rewrite(bundle, tmp_path / "mixed.tar.gz", edit_index=other_cpu)
+    dest = tmp_path / "cache"
+    r = load_bundle(path, dest)
+    assert r["other_cpu"] == [first] and len(r["imported"]) == 1
+    assert _entries(dest) == r["imported"]
+
+
+def test_cli_bundle_export_import_and_inspect(bundle, tmp_path, capsys):
+    from neuron_compile.cli import main
+    dest = tmp_path / "cache"
+    assert main(["bundle", "import", str(bundle), "--cache-dir", str(dest), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["imported"]) == 2
+    out = tmp_path / "again.tar.gz"
+    assert main(["bundle", "export", "-o", str(out), "--cache-dir", str(dest)]) == 0
+    assert "wrote 2 entries" in capsys.readouterr().out
+    assert main(["inspect", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == 1
+    key = _entries(dest)[0]
+    assert main(["inspect", key[:12], "--cache-dir", str(dest)]) == 0
+    assert json.loads(capsys.readouterr().out)["cache_key"] == key
+    assert main(["bundle", "import", str(tmp_path / "missing.tar.gz"), "--cache-dir", str(dest)]) == 1
+    assert "not a readable neuron-compile bundle" in capsys.readouterr().err
