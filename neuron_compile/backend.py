@@ -132,6 +132,17 @@ def _placeholders(gm: torch.fx.GraphModule) -> Callable[[list], list]:
     return run
 
 
+def _output_code(exe: Any, config: Any) -> Callable[[list], list]:
+    """The compiled graph as AOTAutograd's ``OutputCode`` (see :mod:`neuron_compile.serialized`),
+    so ``torch.compile(...).aot_compile`` can save it by cache key; a plain boxed function when
+    torch's Inductor package (which defines ``OutputCode``) cannot be imported."""
+    try:
+        from neuron_compile.serialized import NeuronOutputCode
+    except ImportError:
+        return _boxed(exe)
+    return NeuronOutputCode.wrap(exe, config)
+
+
 def _boxed(fn: Callable[[list], list]) -> Callable[[list], list]:
     @torch._disable_dynamo
     def run(args: list) -> list:
@@ -183,7 +194,9 @@ class NeuronBackend:
                 with unset_fake_temporarily():
                     exe = compile_graph(graph, config, kind)
                 counters.bump("graphs")
-                return _boxed(_placeholders(graph) if config.compile_only else exe)
+                if config.compile_only:
+                    return _boxed(_placeholders(graph))
+                return _output_code(exe, config)
             return compile_one
 
         from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,
