@@ -65,6 +65,26 @@ def _backward(out: Any) -> None:
         torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
 
 
+def call_model(model: torch.nn.Module, *args: Any) -> Any:
+    """``model(*args)``: the function ``--save-function`` compiles and saves (load it with
+    ``torch.compiler.load_compiled_function`` and call it as ``fn(model, *args)``)."""
+    return model(*args)
+
+
+def save_function(spec: str, path: str, options: dict | None = None) -> dict[str, Any]:
+    """``torch.compile(call_model, backend="neuron", dynamic=False, fullgraph=True).aot_compile``
+    on the factory's model and first input set (inference), saved to ``path`` with
+    ``save_compiled_function``: a later process loads it with no tracing (README, *Warm starts*)."""
+    made = load_factory(spec)()
+    model, args = made[0], _input_sets(made[1])[0]
+    model.eval()
+    t0 = time.perf_counter()
+    fn = torch.compile(call_model, backend="neuron", dynamic=False, fullgraph=True,
+                       options=options or None).aot_compile(((model, *args), {}))
+    fn.save_compiled_function(path)
+    return {"saved_function": path, "seconds": round(time.perf_counter() - t0, 3)}
+
+
 def compile_factory(spec: str, train: bool = False, options: dict | None = None,
                     progress: bool = True) -> dict[str, Any]:
     """Compile (and cache) every graph of the factory's model; returns a summary: input sets,

@@ -140,6 +140,13 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
         return 1
     if args.emit_given:
         summary["emitted"] = sorted(str(p) for p in out.glob(f"*/*.{args.emit}.*"))
+    if args.save_function:
+        from neuron_compile.aot import save_function
+        try:
+            summary.update(save_function(args.file, args.save_function, options))
+        except Exception as exc:  # Dynamo refuses some guards (e.g. PackageError on ID_MATCH): say so
+            print(f"neuron-compile compile: --save-function failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     lines = [f"{summary['factory']}: {summary['input_sets']} input set(s), "
              f"{'inference + training' if summary['train'] else 'inference'}",
              f"graphs {summary['graphs']} (compiled {summary['graphs_compiled']}, already cached "
@@ -148,6 +155,9 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
              "seconds per phase: " + ", ".join(f"{k} {v:.2f}" for k, v in summary["phase_seconds"].items())]
     lines += [f"  {g['cache_key'][:16]}  {g['name']}" for g in summary["graph_keys"]]
     lines += [f"  wrote {p}" for p in summary.get("emitted", [])]
+    if "saved_function" in summary:
+        lines.append(f"saved function {summary['saved_function']}: torch.compiler.load_compiled_function(f)"
+                     "(model, *inputs)")
     _emit(args, summary, "\n".join(lines))
     return 0
 
@@ -278,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="FILE.py:FACTORY: also compile the training graphs (forward and backward)")
     comp.add_argument("--cache-dir", help="cache root (default: NEURON_CACHE_DIR or ~/.cache/neuron-compile)")
     comp.add_argument("--json", action="store_true", help="machine-readable summary, no progress bar")
+    comp.add_argument("--save-function", metavar="PATH",
+                      help="FILE.py:FACTORY: also aot_compile model(*first input set) and save it to PATH "
+                           "(torch.compiler.load_compiled_function(open(PATH, 'rb'))(model, *inputs) in a new "
+                           "process runs with no tracing)")
     comp.add_argument("--schedule", metavar="NN.schedule.json",
                       help="apply the kernels' schedules recorded in a dump (default: the NN.schedule.json beside "
                            "FILE.mlir if there is one, else every kernel as plain loops)")

@@ -57,3 +57,33 @@ def test_a_bad_factory_is_a_clear_error(tmp_path):
                             (f"{tmp_path}/nope.py:make", "no such file")):
         out = subprocess.run(CLI + ["compile", target], capture_output=True, text=True, timeout=120, env=_env())
         assert out.returncode == 1 and message in out.stderr, out.stderr
+
+
+LOAD = """
+import sys, torch, neuron_compile
+sys.path.insert(0, sys.argv[1])
+from train_digits import neuron_compile_factory
+from torch._dynamo.utils import counters
+model, sets = neuron_compile_factory()
+model.eval()
+with open(sys.argv[2], "rb") as f:
+    fn = torch.compiler.load_compiled_function(f)
+out = fn(model, *sets[0])
+want = model.double()(sets[0][0].double())
+print((out.double() - want).abs().max().item(), neuron_compile.metrics()["graphs_compiled"],
+      counters["stats"].get("unique_graphs", 0))
+"""
+
+
+def test_save_function_loads_in_a_fresh_process_without_tracing(tmp_path):
+    cache, saved = tmp_path / "cache", tmp_path / "digits.fn"
+    out = subprocess.run(CLI + ["compile", f"{ROOT}/examples/train_digits.py:neuron_compile_factory",
+                                "--save-function", str(saved), "--cache-dir", str(cache), "--json"],
+                         capture_output=True, text=True, timeout=600, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["saved_function"] == str(saved)
+    run = subprocess.run([sys.executable, "-c", LOAD, f"{ROOT}/examples", str(saved)], capture_output=True,
+                         text=True, timeout=600, env=_env(NEURON_CACHE_DIR=str(cache)))
+    assert run.returncode == 0, run.stderr[-2000:]
+    err, compiled, traced = run.stdout.split()
+    assert float(err) < 1e-5 and compiled == "0" and traced == "0"
