@@ -9,7 +9,6 @@ rank still running is killed, so a test can never hang.
 from __future__ import annotations
 
 import datetime
-import os
 import queue as queue_mod
 import socket
 import time
