@@ -42,14 +42,18 @@ def load_factory(spec: str) -> Callable[[], Any]:
     sys.modules[file.stem] = module
     module_spec.loader.exec_module(module)
     fn = getattr(module, name, None)
-    if not callable(fn):
+    if fn is None:
         raise ValueError(f"{spec!r}: {file.name} has no function {name!r}")
+    if not callable(fn):
+        raise ValueError(f"{spec!r}: {name!r} in {file.name} is a {type(fn).__name__}, not a function")
     return fn
 
 
 def _input_sets(example_inputs: Any) -> list[tuple]:
     if isinstance(example_inputs, torch.Tensor):
         return [(example_inputs,)]
+    if isinstance(example_inputs, (list, tuple)) and not example_inputs:
+        raise ValueError("the factory returned no example inputs")
     if isinstance(example_inputs, list) and all(isinstance(x, (tuple, list)) for x in example_inputs):
         return [tuple(x) for x in example_inputs]
     if isinstance(example_inputs, (tuple, list)):
@@ -108,21 +112,23 @@ def compile_factory(spec: str, train: bool = False, options: dict | None = None,
         from tqdm import tqdm
         bar = tqdm(total=len(units), desc="compiling", unit="graph set", file=sys.stderr)
     import warnings
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="neuron-compile compile_only")
-        for args, mode in units:
-            if mode == "inference":
-                model.eval()
-                with torch.no_grad():
-                    compiled(*args)
-            else:
-                model.train()
-                _backward(compiled(*args))
-                model.zero_grad(set_to_none=True)
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="neuron-compile compile_only")
+            for args, mode in units:
+                if mode == "inference":
+                    model.eval()
+                    with torch.no_grad():
+                        compiled(*args)
+                else:
+                    model.train()
+                    _backward(compiled(*args))
+                    model.zero_grad(set_to_none=True)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
     m = neuron_compile.metrics()
     graphs = [{"name": getattr(e, "name", "?"), "cache_key": k} for k, e in _MEMORY.items() if k not in before]
     return {"factory": spec, "input_sets": len(sets), "train": train, "graphs": m["graphs"],

@@ -25,6 +25,27 @@ from neuron_compile.executable import MANIFEST, read_manifest, sha256_file, veri
 
 BUNDLE_FORMAT = 1
 INDEX = "bundle.json"
+# A bundle is untrusted input: keys and file names become paths, so they are checked to be a
+# sha256 digest and a plain file name before anything is read from the archive.
+INDEX_SCHEMA = {
+    "type": "object",
+    "required": ["kind", "format", "executable_format", "entries"],
+    "properties": {
+        "kind": {"const": "neuron-compile bundle"},
+        "format": {"type": "integer"},
+        "executable_format": {"type": "integer"},
+        "entries": {"type": "array", "items": {
+            "type": "object",
+            "required": ["key", "files"],
+            "properties": {
+                "key": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                "target": {"type": ["object", "null"]},
+                "files": {"type": "object", "minProperties": 1,
+                          "propertyNames": {"pattern": "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$"},
+                          "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+            }}},
+    },
+}
 
 
 class BundleError(CacheError):
@@ -91,9 +112,16 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
     except (OSError, tarfile.TarError, KeyError, ValueError, EOFError) as exc:
         raise BundleError(f"{path} is not a readable neuron-compile bundle, truncated or not a bundle "
                           f"({type(exc).__name__}: {exc}); nothing imported") from None
-    if index.get("kind") != "neuron-compile bundle":
-        raise BundleError(f"{path} is not a neuron-compile bundle")
-    if index.get("format") != BUNDLE_FORMAT or index.get("executable_format") != EXECUTABLE_FORMAT:
+    import jsonschema
+    try:
+        jsonschema.validate(index, INDEX_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the index"
+        raise BundleError(f"{path} is not a valid neuron-compile bundle: {where}: {exc.message}; "
+                          "nothing imported") from None
+    if len({e["key"] for e in index["entries"]}) != len(index["entries"]):
+        raise BundleError(f"{path} lists an entry twice; nothing imported")
+    if index["format"] != BUNDLE_FORMAT or index["executable_format"] != EXECUTABLE_FORMAT:
         raise BundleError(f"{path} has bundle format {index.get('format')} / executable format "
                           f"{index.get('executable_format')}; this neuron-compile reads {BUNDLE_FORMAT} / "
                           f"{EXECUTABLE_FORMAT}: re-export it with this version")
@@ -137,6 +165,17 @@ def load_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
                 if not f.is_file() or sha256_file(f) != digest:
                     raise BundleError(f"{path}: {e['key'][:16]}/{name} is missing or does not match its sha256; "
                                       "the bundle is corrupted, nothing imported")
+            entry = staging / "entries" / e["key"]
+            try:  # the entry must be what its key says: a manifest carrying that key, intact payloads
+                manifest = read_manifest(entry)
+                problems = verify_payloads(entry, manifest)
+                if manifest.get("cache_key") != e["key"]:
+                    problems.append(f"its manifest carries key {str(manifest.get('cache_key'))[:16]}")
+            except Exception as exc:  # unreadable manifest: ExecutableError, or JSON of the wrong shape
+                problems = [str(exc)]
+            if problems:
+                raise BundleError(f"{path}: entry {e['key'][:16]} is not a valid executable ({'; '.join(problems)}); "
+                                  "nothing imported")
         host = HostCPU.detect()
         result: dict[str, list[str]] = {"imported": [], "existing": [], "other_cpu": []}
         for e in index["entries"]:

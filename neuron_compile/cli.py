@@ -120,6 +120,21 @@ def cmd_clear(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile_failed(args: argparse.Namespace, exc: BaseException, what: str = "") -> int:
+    """Report a failed ahead-of-time compile in one message (ours from inside Dynamo's
+    ``BackendCompilerFailed`` when there is one); ``--json`` prints it as ``{"error": ...}``."""
+    from neuron_compile.errors import NeuronCompileError
+    inner: BaseException | None = exc
+    while inner is not None and not isinstance(inner, NeuronCompileError):
+        inner = getattr(inner, "inner_exception", None) or inner.__cause__ or inner.__context__
+    shown = inner or exc
+    text = str(shown) if isinstance(shown, (ValueError, NeuronCompileError)) else f"{type(shown).__name__}: {shown}"
+    if args.json:
+        print(json.dumps({"error": what + text}))
+    print(f"neuron-compile compile: {what}{text}", file=sys.stderr)
+    return 1
+
+
 def cmd_compile_factory(args: argparse.Namespace) -> int:
     """``compile FILE.py:FACTORY``: every graph of the model into the cache (or, with ``--emit``,
     each graph's phase files into a dump directory)."""
@@ -129,15 +144,14 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.cache_dir:
         options["cache_dir"] = args.cache_dir
-    if args.emit_given:
-        Phase.parse(args.emit)
-        out = Path(args.output or "neuron-dump")
-        options.update(dump_dir=str(out), cache=False)  # every phase runs, numbered files per graph
     try:
+        if args.emit_given:
+            Phase.parse(args.emit)
+            out = Path(args.output or "neuron-dump")
+            options.update(dump_dir=str(out), cache=False)  # every phase runs, numbered files per graph
         summary = compile_factory(args.file, train=args.train, options=options, progress=not args.json)
-    except (ValueError, NeuronCompileError) as exc:
-        print(f"neuron-compile compile: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:  # the user's file, factory or model failed: one clear line, no traceback
+        return _compile_failed(args, exc)
     if args.emit_given:
         summary["emitted"] = sorted(str(p) for p in out.glob(f"*/*.{args.emit}.*"))
     if args.save_function:
@@ -145,8 +159,7 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
         try:
             summary.update(save_function(args.file, args.save_function, options))
         except Exception as exc:  # Dynamo refuses some guards (e.g. PackageError on ID_MATCH): say so
-            print(f"neuron-compile compile: --save-function failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return 1
+            return _compile_failed(args, exc, "--save-function failed: ")
     lines = [f"{summary['factory']}: {summary['input_sets']} input set(s), "
              f"{'inference + training' if summary['train'] else 'inference'}",
              f"graphs {summary['graphs']} (compiled {summary['graphs_compiled']}, already cached "
@@ -165,6 +178,10 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     if ".py:" in args.file:
         return cmd_compile_factory(args)
+    if args.file.endswith(".py"):
+        print(f"neuron-compile compile: {args.file}: name the factory function too, as {args.file}:FACTORY "
+              "(a function returning (model, example_inputs))", file=sys.stderr)
+        return 2
     from neuron_compile.compiler import mlir_to_llvm
     from neuron_compile.errors import NeuronCompileError
     from neuron_compile.phases import Phase
@@ -232,9 +249,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from neuron_compile.errors import ExecutableError
     from neuron_compile.executable import read_manifest
     path = Path(args.path)
-    if not path.is_dir() and len(args.path) >= 8 and not path.exists():  # a cache key (or a prefix of one)
+    if not path.exists() and len(args.path) >= 4:  # a cache key (or a prefix of one)
         found = [e.path for e in _cache(args).entries() if e.key.startswith(args.path)]
         path = found[0] if len(found) == 1 else path
+    if not path.exists():
+        print(f"neuron-compile inspect: {args.path} is neither a file, an entry directory nor a cache key "
+              f"(or key prefix) of exactly one entry in {_cache(args).root}", file=sys.stderr)
+        return 1
     try:
         data = read_manifest(path) if path.is_dir() else read_index(path)
     except (ExecutableError, BundleError) as exc:

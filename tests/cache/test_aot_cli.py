@@ -52,11 +52,21 @@ def test_emit_linalg_writes_mlir_that_compiles_from_linalg(tmp_path):
 def test_a_bad_factory_is_a_clear_error(tmp_path):
     bad = tmp_path / "model.py"
     bad.write_text("def make():\n    return 3\n")
-    for target, message in ((f"{bad}:make", "must return (model, example_inputs)"),
-                            (f"{bad}:missing", "has no function 'missing'"),
-                            (f"{tmp_path}/nope.py:make", "no such file")):
-        out = subprocess.run(CLI + ["compile", target], capture_output=True, text=True, timeout=120, env=_env())
-        assert out.returncode == 1 and message in out.stderr, out.stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text("def make(:\n")
+    unsupported = tmp_path / "unsupported.py"
+    unsupported.write_text("import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+                           "        return torch.nextafter(x, x + 1)\ndef make():\n    return M(), (torch.randn(3),)\n")
+    for argv, rc, message in (([f"{bad}:make"], 1, "must return (model, example_inputs)"),
+                              ([f"{bad}:missing"], 1, "has no function 'missing'"),
+                              ([f"{tmp_path}/nope.py:make"], 1, "no such file"),
+                              ([f"{broken}:make"], 1, "SyntaxError: invalid syntax"),
+                              ([str(bad)], 2, "name the factory function too"),
+                              ([f"{bad}:make", "--emit", "bogus"], 1, "unknown phase 'bogus'"),
+                              ([f"{unsupported}:make"], 1, "cannot lower 1 op(s)")):
+        out = subprocess.run(CLI + ["compile", *argv], capture_output=True, text=True, timeout=300, env=_env())
+        assert out.returncode == rc and message in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
 
 
 LOAD = """

@@ -112,3 +112,45 @@ def test_cli_bundle_export_import_and_inspect(bundle, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["cache_key"] == key
     assert main(["bundle", "import", str(tmp_path / "missing.tar.gz"), "--cache-dir", str(dest)]) == 1
     assert "not a readable neuron-compile bundle" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: {**d, "entries": [{**d["entries"][0], "key": "../../../../tmp/escaped"}]}, "does not match"),
+    (lambda d: {**d, "entries": [{**d["entries"][0], "files": {"../../escaped": "0" * 64}}]}, "does not match"),
+    (lambda d: [d], "is not of type 'object'"),
+    (lambda d: {k: v for k, v in d.items() if k != "entries"}, "'entries' is a required property"),
+    (lambda d: {**d, "entries": "abc"}, "is not of type 'array'"),
+    (lambda d: {**d, "entries": [{"key": d["entries"][0]["key"]}]}, "'files' is a required property"),
+    (lambda d: {**d, "entries": [d["entries"][0], d["entries"][0]]}, "lists an entry twice"),
+])
+def test_a_crafted_index_is_refused_before_any_path_is_built(bundle, tmp_path, edit, message):
+    """A bundle is untrusted input: keys and file names become paths (helper found a key of
+    ``../..`` writing and deleting outside the cache before this check)."""
+    path = _rewrite(bundle, tmp_path / "evil.tar.gz", edit_index=edit)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep")
+    with pytest.raises(BundleError, match=message):
+        load_bundle(path, tmp_path / "cache")
+    assert _entries(tmp_path / "cache") == [] and (victim / "precious.txt").read_text() == "keep"
+    assert not list(tmp_path.rglob("escaped"))
+
+
+def test_an_entry_whose_manifest_has_another_key_is_refused(bundle, tmp_path):
+    first = read_index(bundle)["entries"][0]
+    fake = "0" * 64
+
+    def rename(d):
+        d["entries"][0] = {**first, "key": fake}
+        return d
+    src = _rewrite(bundle, tmp_path / "renamed.tar.gz", edit_index=rename)
+    # move the members to the fake key's directory too
+    out = tmp_path / "renamed2.tar.gz"
+    with tarfile.open(src) as tar, tarfile.open(out, "w:gz") as new:
+        for m in tar:
+            data = tar.extractfile(m).read()
+            m.name = m.name.replace(first["key"], fake)
+            new.addfile(m, io.BytesIO(data))
+    with pytest.raises(BundleError, match="manifest carries key"):
+        load_bundle(out, tmp_path / "cache")
+    assert _entries(tmp_path / "cache") == []
