@@ -8,11 +8,17 @@ append-only for the cache (a valid entry already there is never overwritten); an
 for another CPU is skipped with a message and the rest are imported. Entries are published with
 one ``rename`` each, like a fresh compile, so a crash mid-import never leaves a loadable half entry.
 Cache keys hold no paths, so a bundle made under one cache root hits under any other.
+
+Trust: the index and names are validated so that importing never writes, deletes or reads outside
+the cache, but a bundle carries native code, and a cache key cannot be checked against the code
+without recompiling: a forged entry runs when its key is looked up. Import bundles you made or
+trust, as you would a wheel.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -27,6 +33,8 @@ BUNDLE_FORMAT = 1
 INDEX = "bundle.json"
 # A bundle is untrusted input: keys and file names become paths, so they are checked to be a
 # sha256 digest and a plain file name before anything is read from the archive.
+_KEY = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}")
 INDEX_SCHEMA = {
     "type": "object",
     "required": ["kind", "format", "executable_format", "entries"],
@@ -109,7 +117,7 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
         with tarfile.open(path, "r:*") as tar:
             member = tar.getmember(INDEX)
             index = json.loads(tar.extractfile(member).read())
-    except (OSError, tarfile.TarError, KeyError, ValueError, EOFError) as exc:
+    except (OSError, tarfile.TarError, KeyError, ValueError, EOFError, RecursionError) as exc:
         raise BundleError(f"{path} is not a readable neuron-compile bundle, truncated or not a bundle "
                           f"({type(exc).__name__}: {exc}); nothing imported") from None
     import jsonschema
@@ -119,6 +127,9 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
         where = "/".join(str(p) for p in exc.absolute_path) or "the index"
         raise BundleError(f"{path} is not a valid neuron-compile bundle: {where}: {exc.message}; "
                           "nothing imported") from None
+    for e in index["entries"]:  # JSON-schema patterns are searches ("$" matches before a final newline)
+        if not _KEY.fullmatch(e["key"]) or not all(_NAME.fullmatch(n) for n in e["files"]):
+            raise BundleError(f"{path}: entry {e['key'][:16]!r} has a malformed key or file name; nothing imported")
     if len({e["key"] for e in index["entries"]}) != len(index["entries"]):
         raise BundleError(f"{path} lists an entry twice; nothing imported")
     if index["format"] != BUNDLE_FORMAT or index["executable_format"] != EXECUTABLE_FORMAT:

@@ -122,6 +122,9 @@ def verify_payloads(directory: Path, manifest: dict[str, Any]) -> list[str]:
     """Problems with the payloads (missing, or sha256 mismatch); empty when intact."""
     problems = []
     for name, digest in manifest.get("payloads", {}).items():
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            problems.append(f"payload name {name!r} is not a plain file name")
+            continue
         p = Path(directory) / name
         if not p.is_file():
             problems.append(f"{name} is missing")
@@ -181,6 +184,9 @@ def _load_program(directory: Path, manifest: dict[str, Any], mode: str):
     base = directory.parent.parent
     segments = []
     for digest in manifest["program"]["segments"]:
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise ExecutableError(f"executable {directory} names a kernel segment {str(digest)[:20]!r} that is not "
+                                  "a cache key; recompile it")
         seg = base / digest[:2] / digest
         if not (seg / MANIFEST).is_file():
             raise ExecutableError(f"executable {directory} runs kernel segment {digest}, which is not in "

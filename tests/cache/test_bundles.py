@@ -154,3 +154,22 @@ def test_an_entry_whose_manifest_has_another_key_is_refused(bundle, tmp_path):
     with pytest.raises(BundleError, match="manifest carries key"):
         load_bundle(out, tmp_path / "cache")
     assert _entries(tmp_path / "cache") == []
+
+
+def test_a_key_or_name_with_a_trailing_newline_is_refused(bundle, tmp_path):
+    """JSON-schema patterns are searches: "$" also matches before a final newline."""
+    first = read_index(bundle)["entries"][0]
+    for edit in (lambda d: {**d, "entries": [{**first, "key": first["key"] + "\n"}]},
+                 lambda d: {**d, "entries": [{**first, "files": {n + "\n": h for n, h in first["files"].items()}}]}):
+        path = _rewrite(bundle, tmp_path / "nl.tar.gz", edit_index=edit)
+        with pytest.raises(BundleError, match="malformed key or file name"):
+            load_bundle(path, tmp_path / "cache")
+        assert _entries(tmp_path / "cache") == []
+
+
+def test_a_manifest_payload_outside_its_entry_is_a_problem(tmp_path):
+    from neuron_compile.executable import verify_payloads
+    secret = tmp_path / "secret.txt"
+    secret.write_text("x")
+    problems = verify_payloads(tmp_path, {"payloads": {str(secret): "0" * 64, "../secret.txt": "0" * 64}})
+    assert len(problems) == 2 and all("not a plain file name" in p for p in problems)
