@@ -132,7 +132,7 @@ def _placeholders(gm: torch.fx.GraphModule) -> Callable[[list], list]:
     return run
 
 
-def _output_code(exe: Any, config: Any) -> Callable[[list], list]:
+def _output_code(exe: Any) -> Callable[[list], list]:
     """The compiled graph as AOTAutograd's ``OutputCode`` (see :mod:`neuron_compile.serialized`),
     so ``torch.compile(...).aot_compile`` can save it by cache key; a plain boxed function when
     torch's Inductor package (which defines ``OutputCode``) cannot be imported."""
@@ -140,7 +140,7 @@ def _output_code(exe: Any, config: Any) -> Callable[[list], list]:
         from neuron_compile.serialized import NeuronOutputCode
     except ImportError:
         return _boxed(exe)
-    return NeuronOutputCode.wrap(exe, config)
+    return NeuronOutputCode.wrap(exe)
 
 
 def _boxed(fn: Callable[[list], list]) -> Callable[[list], list]:
@@ -196,7 +196,7 @@ class NeuronBackend:
                 counters.bump("graphs")
                 if config.compile_only:
                     return _boxed(_placeholders(graph))
-                return _output_code(exe, config)
+                return _output_code(exe)
             return compile_one
 
         from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode,

@@ -40,7 +40,7 @@ class NeuronOutputCode(OutputCode):
     _boxed_call = True
 
     @staticmethod
-    def wrap(exe: Any, config: Any) -> "NeuronOutputCode":
+    def wrap(exe: Any) -> "NeuronOutputCode":
         code = NeuronOutputCode(key=exe.cache_key.digest if exe.cache_key else "", name=getattr(exe, "name", ""))
         code._exe = exe
         return code
