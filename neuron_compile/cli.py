@@ -2,14 +2,15 @@
 
     neuron-compile cache info|list|verify|clear [--older-than DAYS] [--json] [--cache-dir DIR]
     neuron-compile compile FILE.py:FACTORY [--train] [--cache-dir DIR] [--emit PHASE -o DIR] [--json]
-    neuron-compile compile FILE.mlir --from linalg --emit llvm|obj [-o OUT]
+    neuron-compile compile NN.linalg.mlir --from linalg --emit llvm|obj [-o OUT] [--plan NN.plan.json]
     neuron-compile bundle export -o BUNDLE [--keys KEY..] | bundle import BUNDLE   [--cache-dir DIR]
     neuron-compile inspect ENTRY_DIR|KEY|BUNDLE
 
 ``compile FILE.py:FACTORY`` compiles a model ahead of time into the cache that a later
 ``torch.compile(model, backend="neuron", dynamic=False)`` reads (:mod:`neuron_compile.aot`).
 ``compile FILE.mlir`` runs the phases of the pipeline from a dumped file (``NEURON_DUMP_DIR``), e.g.
-to reproduce a failing stage or to look at the LLVM dialect of one kernel.
+to reproduce a failing stage, to look at the LLVM dialect of one kernel, or (``--emit obj``) to
+rebuild the graph's executable from edited MLIR and run it with ``neuron_compile.load_executable``.
 """
 from __future__ import annotations
 
@@ -208,6 +209,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
             from neuron_compile.codegen import plan_from_json
             codegen = plan_from_json(json.loads(Path(args.schedule).read_text()))
+        if stop is Phase.OBJ and not (args.output or "").endswith(".o"):
+            return _write_executable(args, src, work, codegen)
         out = mlir_to_llvm(src, work, timeout=600, codegen=codegen)
         if stop is Phase.OBJ:
             HostCPU.detect().codegen(out, work, 3, 600)
@@ -216,9 +219,55 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
         return 1
-    dest = Path(args.output) if args.output else src.with_suffix(".llvm.mlir" if stop is Phase.LLVM else ".o")
+    dest = Path(args.output) if args.output else src.with_suffix(".llvm.mlir")
     shutil.move(out, dest)
     shutil.rmtree(work, ignore_errors=True)
+    print(dest)
+    return 0
+
+
+def _write_executable(args: argparse.Namespace, src: Path, work: Path, codegen: Any) -> int:
+    """``--from linalg --emit obj``: ``src`` and the graph's call plan (``NN.plan.json`` of the
+    same dump, or ``--plan``) → an executable directory (manifest + native code) that
+    ``neuron_compile.load_executable(DIR)`` loads and calls with the graph's inputs."""
+    from neuron_compile.compiler import linalg_to_native
+    from neuron_compile.config import resolve_config
+    from neuron_compile.errors import NeuronCompileError
+    from neuron_compile.executable import Build, write_executable
+    from neuron_compile.plan import CallPlan
+    from neuron_compile.target import HostCPU
+    dest = Path(args.output) if args.output else src.parent / (src.name.split(".")[0] + ".executable")
+    try:
+        plan_file = Path(args.plan) if args.plan else None
+        if plan_file is None:
+            found = sorted(src.parent.glob("*.plan.json"))
+            plan_file = found[-1] if found else None
+        if plan_file is None or not plan_file.is_file():
+            print(f"neuron-compile compile: no call plan for {src}: an executable needs the graph's NN.plan.json "
+                  f"from the same dump (give it with --plan), or write a relocatable object with -o FILE.o",
+                  file=sys.stderr)
+            return 2
+        if dest.is_file() or (dest.is_dir() and any(dest.iterdir())):
+            print(f"neuron-compile compile: {dest} exists and is not an empty directory; choose another -o",
+                  file=sys.stderr)
+            return 2
+        try:
+            saved = json.loads(plan_file.read_text())
+            plan = CallPlan.from_json(saved["plan"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"neuron-compile compile: {plan_file} is not a call plan written by a neuron-compile dump "
+                  f"({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
+        target = HostCPU.detect()
+        build = Build(saved.get("name", src.stem), plan, ops=saved.get("ops", 0),
+                      kernels=(codegen.to_json()["kernels"] if codegen is not None else []))
+        build.payloads = linalg_to_native(src, work, plan, codegen, target, resolve_config(None), build.seconds)
+        write_executable(dest, build, None, target)
+    except NeuronCompileError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print(dest)
     return 0
 
@@ -297,11 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="FILE.py:FACTORY: FACTORY() returns (model, example_inputs[, optimizer]); example_inputs "
                     "is a tuple of arguments or a list of them (one per input shape). Its graphs are compiled "
                     "into the cache that torch.compile(model, backend='neuron', dynamic=False) reads. "
-                    "FILE.mlir: run phases from a dumped NN.linalg.mlir (--from linalg --emit llvm|obj).")
+                    "FILE.mlir: run phases from a dumped NN.linalg.mlir (--from linalg --emit llvm|obj; obj writes an "
+                    "executable directory, or a relocatable object when -o ends in .o).")
     comp.add_argument("file", help="FILE.py:FACTORY or a dumped FILE.mlir")
     comp.add_argument("--from", dest="from_phase", default="linalg", help="phase of FILE.mlir (linalg)")
     comp.add_argument("--emit", default=None,
-                      help="FILE.mlir: phase to stop after (llvm or obj; default llvm). FILE.py:FACTORY: write every "
+                      help="FILE.mlir: phase to stop after (llvm, or obj: an executable directory, or a relocatable "
+                           "object when -o ends in .o; default llvm). FILE.py:FACTORY: write every "
                            "graph's numbered phase files into -o DIR and list those of this phase "
                            "(fx, fx-opt, linalg, llvm, obj)")
     comp.add_argument("-o", "--output", help="output file (FILE.mlir) or dump directory (--emit with a factory)")
@@ -313,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="FILE.py:FACTORY: also aot_compile model(*first input set) and save it to PATH "
                            "(torch.compiler.load_compiled_function(open(PATH, 'rb'))(model, *inputs) in a new "
                            "process runs with no tracing)")
+    comp.add_argument("--plan", metavar="NN.plan.json",
+                      help="FILE.mlir --emit obj: the graph's call plan (default: the NN.plan.json beside FILE.mlir); "
+                           "with it -o DIR is an executable that neuron_compile.load_executable(DIR) runs")
     comp.add_argument("--schedule", metavar="NN.schedule.json",
                       help="apply the kernels' schedules recorded in a dump (default: the NN.schedule.json beside "
                            "FILE.mlir if there is one, else every kernel as plain loops)")

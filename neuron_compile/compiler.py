@@ -28,6 +28,7 @@ from neuron_compile.config import Config
 from neuron_compile.debug import Dumper
 from neuron_compile.executable import LLVM_MLIR, NATIVE, Build
 from neuron_compile.kernel_runtime import entry_source
+from neuron_compile.plan import CallPlan
 from neuron_compile.phases import Phase, linalg_to_llvm
 from neuron_compile.runtime import KERNEL_SYMBOL, Executable
 from neuron_compile.target import HostCPU
@@ -73,6 +74,32 @@ def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float, codegen: Code
     return out
 
 
+def linalg_to_native(linalg_path: Path, workdir: Path, plan: CallPlan, codegen: CodegenPlan | None, target: HostCPU,
+                     config: Config, seconds: dict[str, float], dumper: Dumper | None = None) -> dict[str, Path]:
+    """``linalg`` → ``llvm`` → ``obj`` for one graph's kernel module: the executable's payloads
+    (:data:`NATIVE` ``kernel.so`` with the graph's entry point for ``plan``, and the LLVM dialect
+    :data:`LLVM_MLIR`) in ``workdir``; each phase's seconds added to ``seconds``.
+
+    Raises:
+        PipelineError: a stage failed, crashed or timed out (with a command reproducing it).
+    """
+    t0 = time.perf_counter()
+    llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout, codegen)
+    seconds[Phase.LLVM.value] = time.perf_counter() - t0
+    if dumper is not None:
+        if codegen is not None and codegen.library:
+            dumper.copy("schedule", workdir / "kernel.schedule.mlir")
+        dumper.copy(Phase.LLVM.value, llvm_path)
+    t0 = time.perf_counter()
+    entry = entry_source(KERNEL_SYMBOL, [*plan.input_specs, *plan.host_specs, *plan.output_specs])
+    so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout, config.profile, entry,
+                        config.jobs)
+    seconds[Phase.OBJ.value] = time.perf_counter() - t0
+    if dumper is not None:
+        dumper.copy(Phase.OBJ.value, workdir / "kernel.ll")
+    return {NATIVE: so, LLVM_MLIR: llvm_path}
+
+
 def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dumper, target: HostCPU,
                 workdir: Path) -> Build:
     """Run every phase for ``gm`` (a cache miss); payload files land in ``workdir``."""
@@ -97,25 +124,16 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     build_seconds[Phase.LINALG.value] = time.perf_counter() - t0
     dumper.write("schedule", "json", json.dumps(codegen.to_json(), indent=1))
     lowered.plan.checks = checks
+    # with the linalg file and the schedules, what `neuron-compile compile --from linalg` needs to
+    # rebuild this graph's executable
+    dumper.write("plan", "json", json.dumps({"name": name, "ops": ops_in, "plan": lowered.plan.to_json()}, indent=1))
     build = Build(name, lowered.plan, seconds=build_seconds, ops=ops_in)
     if lowered.mlir:
         linalg_path = workdir / "kernel.linalg.mlir"
         linalg_path.write_text(lowered.mlir)
         dumper.copy(Phase.LINALG.value, linalg_path)
-        t0 = time.perf_counter()
-        llvm_path = mlir_to_llvm(linalg_path, workdir, config.compile_timeout, codegen)
-        build_seconds[Phase.LLVM.value] = time.perf_counter() - t0
-        if codegen.library:
-            dumper.copy("schedule", workdir / "kernel.schedule.mlir")
-        dumper.copy(Phase.LLVM.value, llvm_path)
-        t0 = time.perf_counter()
-        plan = lowered.plan
-        entry = entry_source(KERNEL_SYMBOL, [*plan.input_specs, *plan.host_specs, *plan.output_specs])
-        so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout, config.profile, entry,
-                            config.jobs)
-        build_seconds[Phase.OBJ.value] = time.perf_counter() - t0
-        dumper.copy(Phase.OBJ.value, workdir / "kernel.ll")
-        build.payloads = {NATIVE: so, LLVM_MLIR: llvm_path}
+        build.payloads = linalg_to_native(linalg_path, workdir, lowered.plan, codegen, target, config, build_seconds,
+                                          dumper)
     counters.bump("graphs_compiled")
     counters.bump("aten_ops", ops_in)
     counters.bump("kernels", len(lowered.kernels))

@@ -79,7 +79,8 @@ class Dumper:
             (self.dir / "key.txt").write_text(explanation + "\n")
 
     def repro(self, gm: torch.fx.GraphModule) -> Path | None:
-        """A script that rebuilds inputs from the metadata, compiles the graph and compares with eager."""
+        """A script that rebuilds inputs from the metadata, compiles the graph and compares with eager
+        (run it; or import it for ``Repro`` (the graph, eager) and ``example_args()``)."""
         if self.dir is None:
             return None
         specs = [(tuple(n.meta["val"].shape), tuple(n.meta["val"].stride()), str(n.meta["val"].dtype))
@@ -114,19 +115,30 @@ def make(shape, stride, dtype):
     return t.normal_() if dtype.is_floating_point else t.random_(0, 2)
 
 
-args = [make(*s) for s in {specs!r}]
-torch.manual_seed(0)  # random ops (dropout) draw the same numbers in both runs
-expected = Repro()(*args)
-exe = compile_graph(make_fx(Repro(), tracing_mode="fake")(*args), Config(cache=False))
-torch.manual_seed(0)
-got = exe(list(args))
-bad = 0
-for i, (g, e) in enumerate(zip(got, expected if isinstance(expected, (list, tuple)) else [expected])):
-    if isinstance(e, torch.Tensor):
-        ok = torch.allclose(g.double(), e.double(), rtol=1e-4, atol=1e-5, equal_nan=True)
-        bad += not ok
-        print(f"output {{i}}: {{'ok' if ok else 'MISMATCH'}} {{tuple(e.shape)}} {{e.dtype}}")
-raise SystemExit(1 if bad else 0)
+def example_args():
+    """Inputs of the graph's shapes, strides and dtypes (the order of its placeholders)."""
+    torch.manual_seed(0)
+    return [make(*s) for s in {specs!r}]
+
+
+def main():
+    args = example_args()
+    torch.manual_seed(0)  # random ops (dropout) draw the same numbers in both runs
+    expected = Repro()(*args)
+    exe = compile_graph(make_fx(Repro(), tracing_mode="fake")(*args), Config(cache=False))
+    torch.manual_seed(0)
+    got = exe(list(args))
+    bad = 0
+    for i, (g, e) in enumerate(zip(got, expected if isinstance(expected, (list, tuple)) else [expected])):
+        if isinstance(e, torch.Tensor):
+            ok = torch.allclose(g.double(), e.double(), rtol=1e-4, atol=1e-5, equal_nan=True)
+            bad += not ok
+            print(f"output {{i}}: {{'ok' if ok else 'MISMATCH'}} {{tuple(e.shape)}} {{e.dtype}}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
 '''
         path = self.dir / "repro.py"
         path.write_text(text)

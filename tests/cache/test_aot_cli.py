@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "neuron_compile.cli"]
 
@@ -15,6 +17,18 @@ CLI = [sys.executable, "-m", "neuron_compile.cli"]
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_")}
     return {**env, **extra}
+
+
+def dumped_graph_reference(graph_dump_dir: Path) -> tuple[list, list]:
+    """The inputs and eager outputs of one dumped graph, from the ``repro.py`` its dump holds
+    (``Repro`` is the FX graph's own code, run by eager PyTorch)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"repro_{graph_dump_dir.name}", graph_dump_dir / "repro.py")
+    repro = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repro)
+    args = repro.example_args()
+    expected = repro.Repro()(*args)
+    return args, list(expected) if isinstance(expected, (list, tuple)) else [expected]
 
 
 def test_cli_compiles_the_digits_training_so_a_strict_run_compiles_nothing(tmp_path):
@@ -42,11 +56,17 @@ def test_emit_linalg_writes_mlir_that_compiles_from_linalg(tmp_path):
     assert out.returncode == 0, out.stderr
     emitted = json.loads(out.stdout)["emitted"]
     assert len(emitted) == 3 and all(p.endswith(".linalg.mlir") for p in emitted)
-    obj = tmp_path / "kernel.o"
-    back = subprocess.run(CLI + ["compile", emitted[0], "--from", "linalg", "--emit", "obj", "-o", str(obj)],
+    exe_dir = tmp_path / "exe"  # the plan of the same dump is found beside the linalg file
+    back = subprocess.run(CLI + ["compile", emitted[0], "--from", "linalg", "--emit", "obj", "-o", str(exe_dir)],
                           capture_output=True, text=True, timeout=600, env=_env())
     assert back.returncode == 0, back.stderr
-    assert obj.read_bytes()[:4] == b"\x7fELF"
+    from neuron_compile.executable import load_executable
+    exe = load_executable(exe_dir)
+    args, expected = dumped_graph_reference(Path(emitted[0]).parent)
+    got = exe(args)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.double(), e.double(), rtol=1e-4, atol=1e-5)
 
 
 def test_a_bad_factory_is_a_clear_error(tmp_path):

@@ -72,6 +72,28 @@ def test_compile_cli_reproduces_a_stage_from_a_dumped_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "k.llvm.mlir", "k.o"]  # no work files left
 
 
+def test_compile_cli_rebuilds_a_working_executable_from_dumped_linalg(tmp_path):
+    dump = tmp_path / "dump"
+    compile_and_run(tmp_path / "cache", dump_dir=str(dump), cache=False)
+    (linalg,) = dump.glob("*/??.linalg.mlir")
+    edited = tmp_path / "edited.linalg.mlir"  # the MLIR a user changed, away from its dump
+    edited.write_text(linalg.read_text())
+    (plan,) = dump.glob("*/??.plan.json")
+    built = cli("compile", str(edited), "--from", "linalg", "--emit", "obj", "--plan", str(plan),
+                "-o", str(tmp_path / "exe"))
+    assert built.returncode == 0, built.stderr
+    exe = load_executable(tmp_path / "exe")
+    x, w = torch.randn(4, 8, dtype=torch.float64), torch.randn(8, 3, dtype=torch.float64)
+    out = [o for o in exe([x.float(), w.float()]) if isinstance(o, torch.Tensor)][0]
+    torch.testing.assert_close(out.double(), f(x, w), rtol=1e-5, atol=1e-5)
+    # without a plan (none beside the file) it says what is missing; a used -o is not overwritten
+    missing = cli("compile", str(edited), "--from", "linalg", "--emit", "obj", "-o", str(tmp_path / "exe2"))
+    assert missing.returncode == 2 and "NN.plan.json" in missing.stderr and not (tmp_path / "exe2").exists()
+    again = cli("compile", str(linalg), "--from", "linalg", "--emit", "obj", "-o", str(tmp_path / "exe"))
+    assert again.returncode == 2 and "not an empty directory" in again.stderr
+    assert load_executable(tmp_path / "exe")  # still intact
+
+
 def test_compile_cli_names_a_missing_file():
     out = cli("compile", "/nonexistent/kernel.linalg.mlir")
     assert out.returncode == 2 and "no such file" in out.stderr and "PipelineError" not in out.stderr
