@@ -20,6 +20,9 @@ def __getattr__(name: str):
     if name in ("save_bundle", "load_bundle"):
         from neuron_compile import bundle
         return getattr(bundle, name)
+    if name == "serializable_guards":
+        from neuron_compile.serialized import serializable_guards
+        return serializable_guards
     if name == "explain_key":
         from neuron_compile.cache_key import explain_key
         return explain_key
@@ -28,4 +31,4 @@ def __getattr__(name: str):
 
 __all__ = ["CacheError", "DynamicShapeError", "LoweringError", "NeuronCompileError", "PipelineError",
            "RuntimeCallError", "UnsupportedOpsError", "__version__", "explain_key", "get_fallback_ops", "load_bundle", "load_executable", "metrics",
-           "reset_metrics", "save_bundle"]
+           "reset_metrics", "save_bundle", "serializable_guards"]

@@ -78,13 +78,16 @@ def call_model(model: torch.nn.Module, *args: Any) -> Any:
 def save_function(spec: str, path: str, options: dict | None = None) -> dict[str, Any]:
     """``torch.compile(call_model, backend="neuron", dynamic=False, fullgraph=True).aot_compile``
     on the factory's model and first input set (inference), saved to ``path`` with
-    ``save_compiled_function``: a later process loads it with no tracing (README, *Warm starts*)."""
+    ``save_compiled_function``: a later process loads it with no tracing (README, *Warm starts*).
+    Guards that cannot be serialized are dropped (:func:`~neuron_compile.serialized.serializable_guards`)."""
     made = load_factory(spec)()
     model, args = made[0], _input_sets(made[1])[0]
     model.eval()
     t0 = time.perf_counter()
+    from neuron_compile.serialized import serializable_guards
+    opts = {**(options or {}), "guard_filter_fn": serializable_guards}
     fn = torch.compile(call_model, backend="neuron", dynamic=False, fullgraph=True,
-                       options=options or None).aot_compile(((model, *args), {}))
+                       options=opts).aot_compile(((model, *args), {}))
     fn.save_compiled_function(path)
     return {"saved_function": path, "seconds": round(time.perf_counter() - t0, 3)}
 

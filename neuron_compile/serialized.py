@@ -39,6 +39,11 @@ class NeuronOutputCode(OutputCode):
 
     _boxed_call = True
 
+    def __post_init__(self) -> None:
+        # in the instance's __dict__ too: AOTAutograd re-wraps a loaded backward in
+        # torch._dynamo.disable, whose functools.wraps copies __dict__, not class attributes
+        self.__dict__["_boxed_call"] = True
+
     @staticmethod
     def wrap(exe: Any) -> "NeuronOutputCode":
         code = NeuronOutputCode(key=exe.cache_key.digest if exe.cache_key else "", name=getattr(exe, "name", ""))
@@ -66,8 +71,7 @@ class NeuronOutputCode(OutputCode):
         return self._exe
 
     def __call__(self, *args: Any) -> Any:
-        # boxed (one list, cleared so inputs die early) as AOTAutograd calls a fresh compile; a loaded
-        # bundle's backward arrives unboxed (one argument per input)
+        # boxed: one list, cleared so inputs die early (unboxed calls are taken too)
         inputs = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
         return _run(self._executable(), inputs)
 
@@ -85,3 +89,31 @@ class NeuronOutputCode(OutputCode):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.key, self.name, self._exe = state["key"], state["name"], None
+        self.__post_init__()
+
+
+def serializable_guards(entries: Sequence[Any]) -> list[bool]:
+    """A Dynamo ``guard_filter_fn`` for ``aot_compile``: keep each guard PyTorch 2.13 can serialize,
+    drop the others. Pass it as ``torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True,
+    options={"guard_filter_fn": neuron_compile.serializable_guards}).aot_compile(...)``.
+
+    ``aot_compile``'s default filter drops guards on globals and guards whose own type cannot be
+    serialized (``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``: ``ID_MATCH``,
+    ``CLASS_MATCH``, ``NN_MODULE``, ...), but keeps a guard that *derives* from one of them, e.g. a
+    ``CONSTANT_MATCH`` on the code object of a decorator's closure (Hugging Face models' ``forward``),
+    and ``save_compiled_function`` then fails with ``PackageError: ID_MATCH guard cannot be
+    serialized``. This filter drops those too. Kept: the guards on tensors (shape, stride, dtype,
+    device, requires_grad) and on constant values (config flags, ints) that decide the graph. Dropped:
+    object-identity checks (the same classes, functions and modules as at save time), which a fresh
+    process cannot check by identity anyway; load a saved function only for the model code it was
+    saved from (as with ``torch.compiler.skip_guard_on_all_nn_modules_unsafe``).
+
+    Args:
+        entries: Dynamo's ``GuardFilterEntry`` list (``torch/_dynamo/types.py``).
+    Returns:
+        One bool per entry, ``True`` to keep the guard.
+    """
+    from torch._dynamo.guards import CheckFunctionManager
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (e.is_global or e.guard_type in unsupported or unsupported.intersection(e.derived_guard_types))
+            for e in entries]

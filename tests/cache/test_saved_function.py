@@ -72,3 +72,58 @@ def test_saved_function_loads_in_a_fresh_process_without_tracing_or_compiling(tm
     warm = _run("load", script, saved, cache)
     assert warm["compiled"] == 0 and warm["traced"] == 0  # guards and graphs came from the file
     assert warm["err"] < 1e-5
+
+
+GPT2 = textwrap.dedent('''
+    import json, sys, warnings
+    import torch, transformers
+    import neuron_compile
+    from torch._dynamo.utils import counters
+
+    def make():
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                      attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(cfg)
+        model.loss_type = "ForCausalLM"
+        return model
+
+    def run(model, ids):
+        return model(input_ids=ids, labels=ids).loss
+
+    model, ids = make(), torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    path = sys.argv[2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # e.g. AOTAutograd's "not boxed" on a loaded backward
+        if sys.argv[1] == "save":
+            fn = torch.compile(run, backend="neuron", dynamic=False, fullgraph=True,
+                               options={"guard_filter_fn": neuron_compile.serializable_guards}
+                               ).aot_compile(((model, ids), {}))
+            fn.save_compiled_function(path)
+        else:
+            with open(path, "rb") as f:
+                fn = torch.compiler.load_compiled_function(f)
+        loss = fn(model, ids)
+        loss.backward()
+    ref = make().double()
+    want = run(ref, ids)
+    want.backward()
+    err = max([abs(loss.item() - want.item())]
+              + [(p.grad.double() - q.grad).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())])
+    m = neuron_compile.metrics()
+    print(json.dumps({"err": err, "compiled": m["graphs_compiled"], "traced": counters["stats"].get("unique_graphs", 0)}))
+''')
+
+
+def test_a_saved_gpt2_training_step_loads_without_tracing_with_serializable_guards(tmp_path):
+    """Hugging Face GPT-2 keeps a guard derived from ID_MATCH (a closure's code object) that
+    aot_compile's default filter keeps and save_compiled_function refuses; serializable_guards
+    drops it, and the loaded step (loss and every gradient) matches float64 eager."""
+    script = tmp_path / "gpt2.py"
+    script.write_text(GPT2)
+    saved, cache = tmp_path / "gpt2.fn", tmp_path / "cache"
+    cold = _run("save", script, saved, cache)
+    assert cold["compiled"] == 2 and cold["traced"] >= 1 and cold["err"] < 1e-4
+    warm = _run("load", script, saved, cache)
+    assert warm["compiled"] == 0 and warm["traced"] == 0 and warm["err"] < 1e-4
