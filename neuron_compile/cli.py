@@ -1,7 +1,7 @@
 """``neuron-compile``: the command line.
 
     neuron-compile cache info|list|verify|clear [--older-than DAYS] [--json] [--cache-dir DIR]
-    neuron-compile compile FILE.py:FACTORY [--train] [--cache-dir DIR] [--emit PHASE -o DIR] [--json]
+    neuron-compile compile FILE.py:FACTORY|FILE.pt2 [--train] [--jobs N] [--cache-dir DIR] [--emit PHASE -o DIR] [--json]
     neuron-compile compile NN.linalg.mlir --from linalg --emit llvm|obj [-o OUT] [--plan NN.plan.json]
     neuron-compile bundle export -o BUNDLE [--keys KEY..] | bundle import BUNDLE   [--cache-dir DIR]
     neuron-compile inspect ENTRY_DIR|KEY|BUNDLE
@@ -136,10 +136,10 @@ def _compile_failed(args: argparse.Namespace, exc: BaseException, what: str = ""
     return 1
 
 
-def cmd_compile_factory(args: argparse.Namespace) -> int:
-    """``compile FILE.py:FACTORY``: every graph of the model into the cache (or, with ``--emit``,
-    each graph's phase files into a dump directory)."""
-    from neuron_compile.aot import compile_factory
+def cmd_compile_target(args: argparse.Namespace) -> int:
+    """``compile FILE.py:FACTORY|FILE.pt2``: every graph of the model into the cache (or, with
+    ``--emit``, each graph's phase files into a dump directory)."""
+    from neuron_compile.aot import compile_target
     from neuron_compile.errors import NeuronCompileError
     from neuron_compile.phases import Phase
     options: dict[str, Any] = {}
@@ -150,7 +150,8 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
             Phase.parse(args.emit)
             out = Path(args.output or "neuron-dump")
             options.update(dump_dir=str(out), cache=False)  # every phase runs, numbered files per graph
-        summary = compile_factory(args.file, train=args.train, options=options, progress=not args.json)
+        summary = compile_target(args.file, train=args.train, options=options, progress=not args.json,
+                                 jobs=args.jobs)
     except Exception as exc:  # the user's file, factory or model failed: one clear line, no traceback
         return _compile_failed(args, exc)
     if args.emit_given:
@@ -161,8 +162,10 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
             summary.update(save_function(args.file, args.save_function, options))
         except Exception as exc:  # Dynamo refuses some guards (e.g. PackageError on ID_MATCH): say so
             return _compile_failed(args, exc, "--save-function failed: ")
-    lines = [f"{summary['factory']}: {summary['input_sets']} input set(s), "
-             f"{'inference + training' if summary['train'] else 'inference'}",
+    lines = [f"{summary['target']}: {summary['input_sets']} input set(s), "
+             f"{'inference + training' if summary['train'] else 'inference'}"
+             f"{' + optimizer step' if summary['optimizer'] else ''}"
+             f"{f', {args.jobs} processes' if args.jobs > 1 else ''}",
              f"graphs {summary['graphs']} (compiled {summary['graphs_compiled']}, already cached "
              f"{summary['disk_hits'] + summary['memory_hits']}), kernels {summary['kernels']}, "
              f"host calls {summary['host_calls']}, {summary['seconds']:.1f} s",
@@ -177,8 +180,8 @@ def cmd_compile_factory(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    if ".py:" in args.file:
-        return cmd_compile_factory(args)
+    if ".py:" in args.file or args.file.endswith(".pt2"):
+        return cmd_compile_target(args)
     if args.file.endswith(".py"):
         print(f"neuron-compile compile: {args.file}: name the factory function too, as {args.file}:FACTORY "
               "(a function returning (model, example_inputs))", file=sys.stderr)
@@ -325,6 +328,16 @@ def _days(text: str) -> float:
     return days
 
 
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of processes") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 1 or more processes")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="neuron-compile", description="neuron-compile command line")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -342,13 +355,17 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "verify":
             p.add_argument("--quarantine", action="store_true", help="move bad entries to quarantine")
     comp = sub.add_parser(
-        "compile", help="compile a model ahead of time (FILE.py:FACTORY) or run pipeline phases on a dumped file",
+        "compile", help="compile a model ahead of time (FILE.py:FACTORY or FILE.pt2) or run pipeline phases on a "
+                        "dumped file",
         description="FILE.py:FACTORY: FACTORY() returns (model, example_inputs[, optimizer]); example_inputs "
-                    "is a tuple of arguments or a list of them (one per input shape). Its graphs are compiled "
-                    "into the cache that torch.compile(model, backend='neuron', dynamic=False) reads. "
+                    "is a tuple of arguments or a list of them (one per input shape); with --train the "
+                    "optimizer's step is compiled too, as torch.compile(optimizer.step, backend='neuron', "
+                    "dynamic=False) compiles it. FILE.pt2: a torch.export program (torch.export.save), called "
+                    "with its example inputs. The graphs are compiled into the cache that "
+                    "torch.compile(model, backend='neuron', dynamic=False) reads. "
                     "FILE.mlir: run phases from a dumped NN.linalg.mlir (--from linalg --emit llvm|obj; obj writes an "
                     "executable directory, or a relocatable object when -o ends in .o).")
-    comp.add_argument("file", help="FILE.py:FACTORY or a dumped FILE.mlir")
+    comp.add_argument("file", help="FILE.py:FACTORY, FILE.pt2, or a dumped FILE.mlir")
     comp.add_argument("--from", dest="from_phase", default="linalg", help="phase of FILE.mlir (linalg)")
     comp.add_argument("--emit", default=None,
                       help="FILE.mlir: phase to stop after (llvm, or obj: an executable directory, or a relocatable "
@@ -357,8 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "(fx, fx-opt, linalg, llvm, obj)")
     comp.add_argument("-o", "--output", help="output file (FILE.mlir) or dump directory (--emit with a factory)")
     comp.add_argument("--train", action="store_true",
-                      help="FILE.py:FACTORY: also compile the training graphs (forward and backward)")
+                      help="FILE.py:FACTORY|FILE.pt2: also compile the training graphs (forward and backward) and "
+                           "the factory's optimizer step, if it returns an optimizer")
     comp.add_argument("--cache-dir", help="cache root (default: NEURON_CACHE_DIR or ~/.cache/neuron-compile)")
+    comp.add_argument("--jobs", "-j", type=_jobs, default=1, metavar="N",
+                      help="FILE.py:FACTORY|FILE.pt2: compile independent graphs (input sets, inference and "
+                           "training) in N processes at once (default 1)")
     comp.add_argument("--json", action="store_true", help="machine-readable summary, no progress bar")
     comp.add_argument("--save-function", metavar="PATH",
                       help="FILE.py:FACTORY: also aot_compile model(*first input set) and save it to PATH "

@@ -117,3 +117,99 @@ def test_save_function_loads_in_a_fresh_process_without_tracing(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     err, compiled, traced = run.stdout.split()
     assert float(err) < 1e-5 and compiled == "0" and traced == "0"
+
+
+FACTORY = '''
+import torch
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.gelu(self.a(x)))
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 16, generator=g),), (torch.randn(3, 16, generator=g),)]
+
+def make():
+    torch.manual_seed(0)
+    model = MLP()
+    return model, inputs(), torch.optim.AdamW(model.parameters(), lr=1e-2)
+'''
+
+TRAIN = '''
+import json, sys, torch, neuron_compile
+sys.path.insert(0, sys.argv[1])
+from factory import make, inputs
+model, sets, opt = make()
+ref, _, ref_opt = make()
+ref = ref.double()
+ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+compiled = torch.compile(model, backend="neuron", dynamic=False)
+step = torch.compile(opt.step, backend="neuron", dynamic=False)
+for (x,) in sets * 2:  # the first and later steps, both input shapes
+    opt.zero_grad(); compiled(x).pow(2).sum().backward(); step()
+    ref_opt.zero_grad(); ref(x.double()).pow(2).sum().backward(); ref_opt.step()
+with torch.no_grad():
+    outs = [(compiled(x).double() - ref(x.double())).abs().max().item() for (x,) in sets]
+err = max([(p.double() - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters())] + outs)
+m = neuron_compile.metrics()
+print(json.dumps({"err": err, "compiled": m["graphs_compiled"], "hits": m["disk_hits"]}))
+'''
+
+
+def test_cli_jobs_compiles_the_optimizer_step_too_so_a_strict_training_run_compiles_nothing(tmp_path):
+    (tmp_path / "factory.py").write_text(FACTORY)
+    (tmp_path / "train.py").write_text(TRAIN)
+    cache = tmp_path / "cache"
+    out = subprocess.run(CLI + ["compile", f"{tmp_path}/factory.py:make", "--train", "--jobs", "2",
+                                "--cache-dir", str(cache), "--json"],
+                         capture_output=True, text=True, timeout=600, env=_env())
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["optimizer"] and summary["jobs"] == 2
+    # 2 input sets x (inference, forward, backward) and the optimizer step, each key once
+    assert len(summary["graph_keys"]) == 7 == len({g["cache_key"] for g in summary["graph_keys"]})
+    run = subprocess.run([sys.executable, str(tmp_path / "train.py"), str(tmp_path)], capture_output=True, text=True,
+                         timeout=600, env=_env(NEURON_CACHE_STRICT="1", NEURON_CACHE_DIR=str(cache)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["compiled"] == 0 and result["hits"] == 7 and result["err"] < 1e-4
+
+
+EXPORTED = '''
+import json, sys, torch, neuron_compile
+ep = torch.export.load(sys.argv[1])
+x = ep.example_inputs[0][0]
+out = torch.compile(ep.module(), backend="neuron", dynamic=False)(x)
+want = ep.module()(x)
+print(json.dumps({"err": (out - want).abs().max().item(), "compiled": neuron_compile.metrics()["graphs_compiled"]}))
+'''
+
+
+def test_cli_compiles_a_torch_export_program_file(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    program = tmp_path / "model.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(5, 8),)), program)
+    cache = tmp_path / "cache"
+    out = subprocess.run(CLI + ["compile", str(program), "--cache-dir", str(cache), "--json"],
+                         capture_output=True, text=True, timeout=600, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["graphs_compiled"] == 1
+    (tmp_path / "run.py").write_text(EXPORTED)
+    run = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(program)], capture_output=True, text=True,
+                         timeout=600, env=_env(NEURON_CACHE_STRICT="1", NEURON_CACHE_DIR=str(cache)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["compiled"] == 0 and result["err"] < 1e-5
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a zip")
+    refused = subprocess.run(CLI + ["compile", str(bad), "--cache-dir", str(cache)], capture_output=True,
+                             text=True, timeout=300, env=_env())
+    assert refused.returncode == 1 and "not a torch.export program file" in refused.stderr
+    assert "Traceback" not in refused.stderr
