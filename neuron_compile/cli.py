@@ -1,7 +1,7 @@
 """``neuron-compile``: the command line.
 
     neuron-compile cache info|list|verify|clear [--older-than DAYS] [--json] [--cache-dir DIR]
-    neuron-compile compile FILE.py:FACTORY|FILE.pt2 [--train] [--jobs N] [--cache-dir DIR] [--emit PHASE -o DIR] [--json]
+    neuron-compile compile FILE.py:FACTORY|FILE.pt2 [--train] [--jobs N] [--cache-dir DIR] [-o BUNDLE | --emit PHASE -o DIR] [--json]
     neuron-compile compile NN.linalg.mlir --from linalg --emit llvm|obj [-o OUT] [--plan NN.plan.json]
     neuron-compile bundle export -o BUNDLE [--keys KEY..] | bundle import BUNDLE   [--cache-dir DIR]
     neuron-compile inspect ENTRY_DIR|KEY|BUNDLE
@@ -156,6 +156,15 @@ def cmd_compile_target(args: argparse.Namespace) -> int:
         return _compile_failed(args, exc)
     if args.emit_given:
         summary["emitted"] = sorted(str(p) for p in out.glob(f"*/*.{args.emit}.*"))
+    elif args.output:  # a portable bundle of exactly this target's graphs
+        from neuron_compile.bundle import save_bundle
+        keys = [g["cache_key"] for g in summary["graph_keys"]]
+        written = save_bundle(args.output, args.cache_dir, keys) if keys else {"entries": 0}
+        if written["entries"] < len(keys):
+            return _compile_failed(args, ValueError(
+                f"only {written['entries']} of the {len(keys)} graphs are in the cache to bundle (is the cache "
+                "disabled, NEURON_CACHE=0, or read-only?)"), "-o BUNDLE: ")
+        summary["bundle"] = {"path": args.output, "entries": written["entries"]}
     if args.save_function:
         from neuron_compile.aot import save_function
         try:
@@ -172,6 +181,9 @@ def cmd_compile_target(args: argparse.Namespace) -> int:
              "seconds per phase: " + ", ".join(f"{k} {v:.2f}" for k, v in summary["phase_seconds"].items())]
     lines += [f"  {g['cache_key'][:16]}  {g['name']}" for g in summary["graph_keys"]]
     lines += [f"  wrote {p}" for p in summary.get("emitted", [])]
+    if "bundle" in summary:
+        lines.append(f"wrote bundle {summary['bundle']['path']} ({summary['bundle']['entries']} entries; "
+                     "neuron-compile bundle import it on the machines that run the model)")
     if "saved_function" in summary:
         lines.append(f"saved function {summary['saved_function']}: torch.compiler.load_compiled_function(f)"
                      "(model, *inputs)")
@@ -372,7 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "object when -o ends in .o; default llvm). FILE.py:FACTORY: write every "
                            "graph's numbered phase files into -o DIR and list those of this phase "
                            "(fx, fx-opt, linalg, llvm, obj)")
-    comp.add_argument("-o", "--output", help="output file (FILE.mlir) or dump directory (--emit with a factory)")
+    comp.add_argument("-o", "--output", help="FILE.py:FACTORY|FILE.pt2: a bundle file to write with the target's "
+                                             "executables (.tar.gz), or with --emit the dump directory; FILE.mlir: "
+                                             "the output file or executable directory")
     comp.add_argument("--train", action="store_true",
                       help="FILE.py:FACTORY|FILE.pt2: also compile the training graphs (forward and backward) and "
                            "the factory's optimizer step, if it returns an optimizer")

@@ -167,15 +167,21 @@ def test_cli_jobs_compiles_the_optimizer_step_too_so_a_strict_training_run_compi
     (tmp_path / "train.py").write_text(TRAIN)
     cache = tmp_path / "cache"
     out = subprocess.run(CLI + ["compile", f"{tmp_path}/factory.py:make", "--train", "--jobs", "2",
-                                "--cache-dir", str(cache), "--json"],
+                                "--cache-dir", str(cache), "-o", str(tmp_path / "mlp.tar.gz"), "--json"],
                          capture_output=True, text=True, timeout=600, env=_env())
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["optimizer"] and summary["jobs"] == 2
     # 2 input sets x (inference, forward, backward) and the optimizer step, each key once
     assert len(summary["graph_keys"]) == 7 == len({g["cache_key"] for g in summary["graph_keys"]})
+    assert summary["bundle"]["entries"] == 7
+    # the bundle, imported into an empty cache elsewhere, is all a strict training run needs
+    other = tmp_path / "elsewhere" / "cache"
+    imported = subprocess.run(CLI + ["bundle", "import", str(tmp_path / "mlp.tar.gz"), "--cache-dir", str(other)],
+                              capture_output=True, text=True, timeout=300, env=_env())
+    assert imported.returncode == 0 and "imported 7" in imported.stdout, imported.stderr
     run = subprocess.run([sys.executable, str(tmp_path / "train.py"), str(tmp_path)], capture_output=True, text=True,
-                         timeout=600, env=_env(NEURON_CACHE_STRICT="1", NEURON_CACHE_DIR=str(cache)))
+                         timeout=600, env=_env(NEURON_CACHE_STRICT="1", NEURON_CACHE_DIR=str(other)))
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["compiled"] == 0 and result["hits"] == 7 and result["err"] < 1e-4
