@@ -147,9 +147,10 @@ def cmd_compile_target(args: argparse.Namespace) -> int:
         options["cache_dir"] = args.cache_dir
     try:
         if args.emit_given:
-            Phase.parse(args.emit)
+            phase = Phase.parse(args.emit)
             out = Path(args.output or "neuron-dump")
-            options.update(dump_dir=str(out), cache=False)  # every phase runs, numbered files per graph
+            # numbered files per graph, for every phase up to this one; nothing cached
+            options.update(dump_dir=str(out), cache=False, stop_after="" if phase is Phase.OBJ else phase.value)
         summary = compile_target(args.file, train=args.train, options=options, progress=not args.json,
                                  jobs=args.jobs)
     except Exception as exc:  # the user's file, factory or model failed: one clear line, no traceback
@@ -382,8 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--emit", default=None,
                       help="FILE.mlir: phase to stop after (llvm, or obj: an executable directory, or a relocatable "
                            "object when -o ends in .o; default llvm). FILE.py:FACTORY: write every "
-                           "graph's numbered phase files into -o DIR and list those of this phase "
-                           "(fx, fx-opt, linalg, llvm, obj)")
+                           "graph's numbered phase files up to this phase into -o DIR, stop there, and list those of "
+                           "this phase (fx, fx-opt, linalg, llvm, obj)")
     comp.add_argument("-o", "--output", help="FILE.py:FACTORY|FILE.pt2: a bundle file to write with the target's "
                                              "executables (.tar.gz), or with --emit the dump directory; FILE.mlir: "
                                              "the output file or executable directory")

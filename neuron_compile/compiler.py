@@ -90,6 +90,8 @@ def linalg_to_native(linalg_path: Path, workdir: Path, plan: CallPlan, codegen: 
         if codegen is not None and codegen.library:
             dumper.copy("schedule", workdir / "kernel.schedule.mlir")
         dumper.copy(Phase.LLVM.value, llvm_path)
+    if config.stop_after == Phase.LLVM:
+        return {LLVM_MLIR: llvm_path}
     t0 = time.perf_counter()
     entry = entry_source(KERNEL_SYMBOL, [*plan.input_specs, *plan.host_specs, *plan.output_specs])
     so = target.codegen(llvm_path, workdir, config.opt_level, config.compile_timeout, config.profile, entry,
@@ -128,10 +130,12 @@ def build_graph(gm: torch.fx.GraphModule, config: Config, name: str, dumper: Dum
     # rebuild this graph's executable
     dumper.write("plan", "json", json.dumps({"name": name, "ops": ops_in, "plan": lowered.plan.to_json()}, indent=1))
     build = Build(name, lowered.plan, seconds=build_seconds, ops=ops_in)
-    if lowered.mlir:
+    stop = config.stop_after
+    if lowered.mlir and stop not in (Phase.FX, Phase.FX_OPT):
         linalg_path = workdir / "kernel.linalg.mlir"
         linalg_path.write_text(lowered.mlir)
         dumper.copy(Phase.LINALG.value, linalg_path)
+    if lowered.mlir and stop not in (Phase.FX, Phase.FX_OPT, Phase.LINALG):
         build.payloads = linalg_to_native(linalg_path, workdir, lowered.plan, codegen, target, config, build_seconds,
                                           dumper)
     counters.bump("graphs_compiled")

@@ -67,6 +67,10 @@ class Config:
             deployment can prove it compiles nothing.
         compile_only: compile and cache every graph but do not run it; outputs are zero-filled
             placeholders of the right shape and dtype, with one warning (``NEURON_COMPILE_ONLY``).
+        stop_after: ``""`` (default), or a phase (``fx``, ``fx-opt``, ``linalg``, ``llvm``) after
+            which compilation stops, for dumping IR (``neuron-compile compile --emit PHASE``); needs
+            ``compile_only`` and ``cache`` off, since nothing runnable is built. The FX graph is
+            still lowered (cheaply) for the placeholder outputs' call plan.
     """
 
     dump_dir: str | None = None
@@ -83,6 +87,7 @@ class Config:
     fallback: str = ""
     cache_strict: bool = False
     compile_only: bool = False
+    stop_after: str = ""
 
     @property
     def jobs(self) -> int:
@@ -170,6 +175,13 @@ def resolve_config(options: Mapping[str, Any] | None = None,
     if cfg.fallback not in ("", "eager"):
         raise NeuronCompileError(f"fallback must be '' (fail on an op with no lowering rule) or 'eager', "
                                  f"got {cfg.fallback!r}")
+    if cfg.stop_after:
+        from neuron_compile.phases import Phase
+        if cfg.stop_after not in (Phase.FX, Phase.FX_OPT, Phase.LINALG, Phase.LLVM):
+            raise NeuronCompileError(f"stop_after must be '', fx, fx-opt, linalg or llvm, got {cfg.stop_after!r}")
+        if not cfg.compile_only or cfg.cache:
+            raise NeuronCompileError("stop_after builds nothing runnable: use it with compile_only=True and "
+                                     "cache=False (as neuron-compile compile --emit PHASE does)")
     cfg.pass_names  # noqa: B018  (validates the pass spec now, with a clear error)
     from neuron_compile.codegen.strategy import parse_overrides
     parse_overrides(cfg.schedule)  # likewise the schedule overrides

@@ -56,6 +56,7 @@ def test_emit_linalg_writes_mlir_that_compiles_from_linalg(tmp_path):
     assert out.returncode == 0, out.stderr
     emitted = json.loads(out.stdout)["emitted"]
     assert len(emitted) == 3 and all(p.endswith(".linalg.mlir") for p in emitted)
+    assert not list(dump.glob("*/*.llvm.mlir")) and not list(dump.glob("*/*.obj.*"))  # stopped after linalg
     exe_dir = tmp_path / "exe"  # the plan of the same dump is found beside the linalg file
     back = subprocess.run(CLI + ["compile", emitted[0], "--from", "linalg", "--emit", "obj", "-o", str(exe_dir)],
                           capture_output=True, text=True, timeout=600, env=_env())
