@@ -143,18 +143,18 @@ def _units(target: Target, train: bool) -> list[tuple[int, str]]:
     return [(i, "inference") for i in range(n)] + ([(i, "train") for i in range(n)] if train else [])
 
 
-def compile_units(spec: str, units: list[tuple[int, str]], options: dict[str, Any], progress: Any = None
-                  ) -> dict[str, Any]:
+def compile_units(spec: str, units: list[tuple[int, str]], options: dict[str, Any], progress: Any = None,
+                  target: Target | None = None) -> dict[str, Any]:
     """Compile ``units`` of ``spec``'s target in this process, in compile-only mode; returns this
     process's metrics and the cache keys of the graphs it compiled or found. A ``train`` unit runs
     forward and backward and, when the target has an optimizer, ``optimizer.step`` compiled with
     ``torch.compile(optimizer.step, backend="neuron", dynamic=False)`` (so a run that compiles its
-    step the same way finds it cached)."""
+    step the same way finds it cached). ``target``: ``spec`` already loaded in this process."""
     import warnings
 
     import neuron_compile
     from neuron_compile.cache import _MEMORY
-    target = load_target(spec)
+    target = target or load_target(spec)
     model = target.model
     opts = {**options, "compile_only": True}
     compiled = torch.compile(model, backend="neuron", dynamic=False, options=opts)
@@ -224,7 +224,7 @@ def compile_target(spec: str, train: bool = False, options: dict | None = None, 
         bar = tqdm(total=len(units), desc="compiling", unit="graph set", file=sys.stderr)
     try:
         if jobs == 1 or len(units) == 1:
-            parts = [compile_units(spec, units, options, bar.update if bar is not None else None)]
+            parts = [compile_units(spec, units, options, bar.update if bar is not None else None, target)]
         else:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed

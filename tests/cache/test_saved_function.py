@@ -63,13 +63,18 @@ def _run(mode, script, path, cache):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _save_then_load(tmp_path, name: str, text: str) -> tuple[dict, dict]:
+    """Run ``text`` as a script that saves a compiled function, then as one that loads it, each in a
+    fresh process against one cache; their JSON reports."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(text)
+    saved, cache = tmp_path / f"{name}.fn", tmp_path / "cache"
+    return _run("save", script, saved, cache), _run("load", script, saved, cache)
+
+
 def test_saved_function_loads_in_a_fresh_process_without_tracing_or_compiling(tmp_path):
-    script = tmp_path / "mlp.py"
-    script.write_text(SCRIPT)
-    saved, cache = tmp_path / "mlp.fn", tmp_path / "cache"
-    cold = _run("save", script, saved, cache)
+    cold, warm = _save_then_load(tmp_path, "mlp", SCRIPT)
     assert cold["compiled"] == 2 and cold["traced"] >= 1 and cold["err"] < 1e-5
-    warm = _run("load", script, saved, cache)
     assert warm["compiled"] == 0 and warm["traced"] == 0  # guards and graphs came from the file
     assert warm["err"] < 1e-5
 
@@ -120,10 +125,6 @@ def test_a_saved_gpt2_training_step_loads_without_tracing_with_serializable_guar
     """Hugging Face GPT-2 keeps a guard derived from ID_MATCH (a closure's code object) that
     aot_compile's default filter keeps and save_compiled_function refuses; serializable_guards
     drops it, and the loaded step (loss and every gradient) matches float64 eager."""
-    script = tmp_path / "gpt2.py"
-    script.write_text(GPT2)
-    saved, cache = tmp_path / "gpt2.fn", tmp_path / "cache"
-    cold = _run("save", script, saved, cache)
+    cold, warm = _save_then_load(tmp_path, "gpt2", GPT2)
     assert cold["compiled"] == 2 and cold["traced"] >= 1 and cold["err"] < 1e-4
-    warm = _run("load", script, saved, cache)
     assert warm["compiled"] == 0 and warm["traced"] == 0 and warm["err"] < 1e-4
