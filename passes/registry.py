@@ -16,6 +16,7 @@ def _factories() -> dict[str, Callable[[str], object]]:
     from neuron_compile.passes.dce import DeadCodeElimination
     from neuron_compile.passes.fold_identity_arith import FoldIdentityArith
     from neuron_compile.passes.fold_views import FoldViews
+    from neuron_compile.passes.fold_zeros_scatter import FoldZerosScatter
     from neuron_compile.passes.fuse import Fuse
     from neuron_compile.passes.layout import FoldTransposeIntoMatmul
     from neuron_compile.passes.verify_lowerable import VerifyLowerable
@@ -25,16 +26,17 @@ def _factories() -> dict[str, Callable[[str], object]]:
         "cse": lambda g: CommonSubexpressionElimination(),
         "fold-views": lambda g: FoldViews(),
         "fold-identity-arith": lambda g: FoldIdentityArith(),
+        "fold-zeros-scatter": lambda g: FoldZerosScatter(),
         "constant-fold": lambda g: ConstantFold(),
         "fold-transpose-into-matmul": lambda g: FoldTransposeIntoMatmul(),
         "fuse": lambda g: Fuse(),
     }
 
 
-PASS_NAMES = ("verify-lowerable", "dce", "cse", "fold-views", "fold-identity-arith", "constant-fold",
-              "fold-transpose-into-matmul", "fuse")
-DEFAULT_PIPELINE = ("verify-lowerable", "dce", "cse", "fold-views", "fold-identity-arith", "constant-fold",
-                    "fold-transpose-into-matmul", "dce", "fuse")
+PASS_NAMES = ("verify-lowerable", "dce", "cse", "fold-views", "fold-identity-arith", "fold-zeros-scatter",
+              "constant-fold", "fold-transpose-into-matmul", "fuse")
+DEFAULT_PIPELINE = ("verify-lowerable", "dce", "cse", "fold-views", "fold-identity-arith", "fold-zeros-scatter",
+                    "constant-fold", "fold-transpose-into-matmul", "dce", "fuse")
 
 
 def parse_pass_spec(spec: str | None) -> tuple[str, ...]:

@@ -72,6 +72,25 @@ def test_embedding_forward_backward():
     torch.testing.assert_close(emb.weight.grad.double(), ref.weight.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_tied_embedding_gradient_matches_float64_eager():
+    """A weight used as an embedding and as the output projection (GPT-2's wte): its gradient is
+    the projection's dense part plus the embedding's rows, which fold-zeros-scatter accumulates
+    into the dense part directly (repeated ids included)."""
+    torch.manual_seed(0)
+    w = torch.randn(50, 8, requires_grad=True)
+    ids = torch.tensor([[1, 3, 3, 49], [0, 1, 7, 3]])
+
+    def lm(w, ids):
+        return torch.nn.functional.cross_entropy((w[ids] * 2).tanh().reshape(-1, 8) @ w.t(), ids.reshape(-1))
+    loss = neuron_compile(lm)(w, ids)
+    loss.backward()
+    wd = w.detach().double().requires_grad_()
+    want = lm(wd, ids)
+    want.backward()
+    torch.testing.assert_close(loss.double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w.grad.double(), wd.grad, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("op", [torch.exp, torch.erf, torch.sigmoid])
 def test_inline_float32_math_matches_eager_over_its_whole_range(op):
     x = torch.cat([torch.linspace(-100, 100, 20001), torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0,

@@ -54,6 +54,38 @@ def test_fold_identity_arith_drops_mul_by_one_but_not_broadcasts_or_promotions()
     assert "aten.mul.Tensor" in targets(gm2)
 
 
+def test_fold_zeros_scatter_accumulates_a_sparse_gradient_into_the_dense_addend():
+    ids, d, v = torch.tensor([3, 1, 3, 0]), torch.randn(5, 4), torch.randn(4, 4)
+
+    def tied(w_grad, v, ids):  # a tied embedding's gradient: LM head's dense part + the embedding's rows
+        return w_grad + torch.zeros(5, 4).index_put((ids,), v, accumulate=True)
+    gm, changed = run_pass("fold-zeros-scatter", tied, d, v, ids)
+    assert changed and targets(gm) == ["aten.index_put.default"]
+    gm, changed = run_pass("fold-zeros-scatter",
+                           lambda d, s, i: torch.zeros(5, 4).scatter_add(0, i[:, None].expand(4, 4), s) + d, d, v, ids)
+    assert changed and targets(gm)[-1] == "aten.scatter_add.default" and "aten.add.Tensor" not in targets(gm)
+    gm, changed = run_pass("fold-zeros-scatter", lambda d, s, i: d + torch.zeros(5, 4).index_add(0, i, s), d, v, ids)
+    assert changed and "aten.add.Tensor" not in targets(gm)
+
+
+@pytest.mark.parametrize("case", ["overwrite", "broadcast", "promotion", "zeros_used_twice", "alpha", "nonzero_base"])
+def test_fold_zeros_scatter_leaves_what_is_not_the_same_sum(case):
+    def f(d, v, ids):
+        z = torch.full((5, 4), 1.0) if case == "nonzero_base" else torch.zeros(5, 4)
+        s = z.index_put((ids,), v, accumulate=case != "overwrite")
+        if case == "broadcast":
+            return d[:1] + s
+        if case == "promotion":
+            return d.double() + s
+        if case == "zeros_used_twice":
+            return d + s + z
+        if case == "alpha":
+            return torch.add(d, s, alpha=2)
+        return d + s
+    gm, changed = run_pass("fold-zeros-scatter", f, torch.randn(5, 4), torch.randn(4, 4), torch.tensor([3, 1, 3, 0]))
+    assert not changed and "aten.add.Tensor" in targets(gm)
+
+
 def test_constant_fold_turns_a_mask_built_from_factories_into_one_constant():
     def f(x):
         mask = ~torch.tril(torch.ones(4, 4, dtype=torch.bool))
