@@ -48,7 +48,9 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mnk", [(96, 128, 64), (37, 1013, 77), (300, 200, 64), (1, 512, 512), (130, 50, 260)],
+# (64, 100, 1031): no k-block divides a prime K, so a row-major B is streamed unpacked
+@pytest.mark.parametrize("mnk", [(96, 128, 64), (37, 1013, 77), (300, 200, 64), (1, 512, 512), (130, 50, 260),
+                                 (64, 100, 1031)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_gemm_layouts_and_edges(layout, mnk):
     torch.manual_seed(0)
@@ -73,7 +75,7 @@ def test_linear_bias_is_the_accumulator():
     _check(lambda x, w, b: F.gelu(F.linear(x, w, b)), x, w, b)
 
 
-@pytest.mark.parametrize("shape", [(12, 64, 32, 64), (5, 30, 70, 50), (3, 33, 17, 65)], ids=str)
+@pytest.mark.parametrize("shape", [(12, 64, 32, 64), (5, 30, 70, 50), (3, 33, 17, 65), (3, 40, 1031, 70)], ids=str)
 def test_batched(shape):
     torch.manual_seed(0)
     bsz, m, k, n = shape
