@@ -117,16 +117,19 @@ _COMBINE["mean"], _COMBINE["add"], _COMBINE["multiply"] = _COMBINE["sum"], _COMB
 
 
 def _scatter(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src, combine: str,
-             include_self: bool = True) -> tuple[TensorValue, TensorValue]:
+             include_self: bool = True, need_count: bool = False) -> tuple[TensorValue, TensorValue | None]:
     """(out, count): every src element whose ``index`` along ``dim`` is j merges into
     ``out[..j..]`` in index order, starting from ``x`` (``include_self``) or from the first such
-    element; count is how many merged. Positions nothing scatters to keep ``x``.
+    element; count is how many merged (``None`` unless ``need_count``: an int64 tensor of x's
+    shape, which cross-entropy's one-hot gradient, 128x50257, wrote and filled for nothing: 51 MB
+    each). Positions nothing scatters to keep ``x``.
 
     One ``linalg.generic`` over (out dims + k, the position along ``dim`` in index): parallel over
     the output, no data-dependent writes. ``index`` may be smaller than ``x`` outside ``dim``
     (read at clamped coordinates, counted only inside its extent); ``src`` is a tensor or a
     Python scalar."""
-    count0 = ctx.fill(x.shape, torch.int64, 0)
+    counted = need_count or not include_self  # the first element of a merge is found by its count
+    count0 = ctx.fill(x.shape, torch.int64, 0) if counted else None
     if index.shape[dim] == 0 or numel(index.shape) == 0:
         return x, count0
     src = ctx.materialize(src) if isinstance(src, (TensorValue, LazyTensor)) else src
@@ -135,7 +138,7 @@ def _scatter(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
     clipped = [d for d in range(x.rank) if d != dim and index.shape[d] < x.shape[d]]
 
     def body(b: BodyBuilder, args: list[Scalar]) -> list[Scalar]:
-        _, acc, cnt = args
+        acc, cnt = args[1], args[2] if counted else None
         coords, inside = [], b.const(True, torch.bool)
         for d in range(x.rank):
             if d == dim:
@@ -151,20 +154,23 @@ def _scatter(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
         merged = merge(b, acc, val)
         if not include_self:
             merged = b.select(b.cmp("eq", cnt, b.const(0, torch.int64)), val, merged)
-        return [b.select(hit, merged, acc), b.add(cnt, b.cast(hit, torch.int64))]
+        out = b.select(hit, merged, acc)
+        return [out, b.add(cnt, b.cast(hit, torch.int64))] if counted else [out]
     k_extent = ctx.fill((index.shape[dim],), torch.bool, False)  # gives the k loop its bound
-    out, count = ctx.generic_multi([k_extent], [affine_map(x.rank + 1, [f"d{x.rank}"])], [x, count0],
-                                   [out_map, out_map], ["parallel"] * x.rank + ["reduction"], body)
-    return out, count
+    results = ctx.generic_multi([k_extent], [affine_map(x.rank + 1, [f"d{x.rank}"])],
+                                [x, count0] if counted else [x], [out_map, out_map] if counted else [out_map],
+                                ["parallel"] * x.rank + ["reduction"], body)
+    return results[0], results[1] if counted else None
 
 
-def _scatter_rule(ctx: LoweringContext, x, dim: int, index, src, combine: str, include_self: bool = True):
+def _scatter_rule(ctx: LoweringContext, x, dim: int, index, src, combine: str, include_self: bool = True,
+                  need_count: bool = False):
     if x.rank == 0:  # as a one-element 1-d scatter
         one = [ctx.reshape(ctx.materialize(t), (1,)) if isinstance(t, (TensorValue, LazyTensor)) and t.rank == 0
                else t for t in (x, index, src)]
-        out, count = _scatter(ctx, one[0], 0, one[1], one[2], combine, include_self)
-        return ctx.reshape(out, ()), ctx.reshape(count, ())
-    return _scatter(ctx, x, dim % x.rank, index, src, combine, include_self)
+        out, count = _scatter(ctx, one[0], 0, one[1], one[2], combine, include_self, need_count)
+        return ctx.reshape(out, ()), (ctx.reshape(count, ()) if count is not None else None)
+    return _scatter(ctx, x, dim % x.rank, index, src, combine, include_self, need_count)
 
 
 @register_lowering(aten.scatter.value, aten.scatter.src)
@@ -191,7 +197,7 @@ def lower_scatter_reduce(ctx: LoweringContext, x: TensorValue, dim: int, index: 
     """``Tensor.scatter_reduce`` (sum, prod, mean, amax, amin), from ``x`` or, without
     ``include_self``, from the first scattered element. ``mean`` divides by the count (plus one
     with ``include_self``), flooring for integers, as ATen's CPU kernel."""
-    out, count = _scatter_rule(ctx, x, dim, index, src, reduce, include_self)
+    out, count = _scatter_rule(ctx, x, dim, index, src, reduce, include_self, need_count=reduce == "mean")
     if reduce != "mean":
         return out
 

@@ -73,3 +73,13 @@ def test_float32_exp_is_inline_and_vectorizable_not_a_libm_call():
     assert "math.exp" not in ir and "arith.bitcast" in ir
     ir64 = _mlir(lambda a: a.exp(), torch.randn(8, dtype=torch.float64))
     assert "math.exp" in ir64
+
+
+def test_a_scatter_counts_its_merges_only_when_a_mean_needs_them():
+    """Cross-entropy's one-hot gradient (``zeros.scatter(1, target, value)``) is one generic with
+    one output; the int64 merge count exists only for ``scatter_reduce(mean)``."""
+    idx = torch.tensor([[2], [0], [4]])
+    ir = _mlir(lambda x, i: x.scatter(1, i, -1.0), torch.zeros(3, 7), idx)
+    assert "tensor<3x7xi64>" not in ir
+    ir = _mlir(lambda x, i, s: x.scatter_reduce(1, i, s, "mean"), torch.zeros(3, 7), idx, torch.randn(3, 1))
+    assert "tensor<3x7xi64>" in ir
