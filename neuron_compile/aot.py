@@ -33,7 +33,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
         ValueError: not ``FILE.py:NAME``, no such file, or no such function in it.
     """
     path, sep, name = spec.rpartition(":")
-    if not sep or not path.endswith(".py") or not name.isidentifier():
+    if not sep or not path.lower().endswith(".py") or not name.isidentifier():
         raise ValueError(f"{spec!r}: expected path/to/file.py:factory_function")
     file = Path(path).resolve()
     if not file.is_file():
@@ -90,7 +90,7 @@ def load_target(spec: str) -> Target:
         ValueError: a missing file or function, a factory returning something else, or a program
             without example inputs (or with keyword inputs).
     """
-    if spec.endswith(".pt2"):
+    if spec.lower().endswith(".pt2"):
         path = Path(spec)
         if not path.is_file():
             raise ValueError(f"{spec!r}: no such file")

@@ -156,6 +156,7 @@ def load_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
     staging = Path(tempfile.mkdtemp(prefix="bundle.", dir=cache.base / "tmp"))
     try:
         wanted = {f"entries/{e['key']}/{name}" for e in index["entries"] for name in e["files"]}
+        unpacked = 0
         try:
             with tarfile.open(path, "r:*") as tar:
                 for m in tar:
@@ -163,6 +164,10 @@ def load_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
                         continue
                     if m.name not in wanted or not m.isfile():
                         raise BundleError(f"{path}: unexpected member {m.name!r}; nothing imported")
+                    unpacked += m.size  # a bundle unpacks to at most the cache's bound (a gzip bomb does not)
+                    if unpacked > cache.max_bytes:
+                        raise BundleError(f"{path} unpacks to more than the cache's bound of {cache.max_bytes} "
+                                          "bytes (NEURON_CACHE_MAX_BYTES); nothing imported")
                     target = staging / m.name
                     target.parent.mkdir(parents=True, exist_ok=True)
                     with tar.extractfile(m) as src, open(target, "wb") as dst:
@@ -200,7 +205,9 @@ def load_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
                 result["existing"].append(key)
                 continue
             final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            if final.exists():  # a directory without a manifest never loads: replace it
+            if final.is_symlink():  # not ours to follow: the link goes, whatever it points at stays
+                final.unlink()
+            elif final.exists():  # a directory without a manifest never loads: replace it
                 shutil.rmtree(final)
             os.rename(staging / "entries" / key, final)
             result["imported"].append(key)

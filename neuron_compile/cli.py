@@ -193,9 +193,10 @@ def cmd_compile_target(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    if ".py:" in args.file or args.file.endswith(".pt2"):
+    lower = args.file.lower()
+    if ".py:" in lower or lower.endswith(".pt2"):
         return cmd_compile_target(args)
-    if args.file.endswith(".py"):
+    if lower.endswith(".py"):
         print(f"neuron-compile compile: {args.file}: name the factory function too, as {args.file}:FACTORY "
               "(a function returning (model, example_inputs))", file=sys.stderr)
         return 2

@@ -173,3 +173,26 @@ def test_a_manifest_payload_outside_its_entry_is_a_problem(tmp_path):
     secret.write_text("x")
     problems = verify_payloads(tmp_path, {"payloads": {str(secret): "0" * 64, "../secret.txt": "0" * 64}})
     assert len(problems) == 2 and all("not a plain file name" in p for p in problems)
+
+
+def test_a_bundle_larger_than_the_cache_bound_imports_nothing(bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("NEURON_CACHE_MAX_BYTES", "4096")  # smaller than the two executables
+    dest = tmp_path / "cache"
+    with pytest.raises(BundleError, match="unpacks to more than the cache's bound"):
+        load_bundle(bundle, dest)
+    assert _entries(dest) == []
+
+
+def test_a_symlink_in_an_entrys_place_is_replaced_not_followed(bundle, tmp_path):
+    from neuron_compile.bundle import _cache
+    dest = tmp_path / "cache"
+    key = read_index(bundle)["entries"][0]["key"]
+    elsewhere = tmp_path / "not-the-cache"
+    elsewhere.mkdir()
+    (elsewhere / "precious.txt").write_text("keep me")
+    link = _cache(dest).entry_dir(key)
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere, target_is_directory=True)
+    r = load_bundle(bundle, dest)
+    assert key in r["imported"] and not link.is_symlink() and (link / "manifest.json").is_file()
+    assert (elsewhere / "precious.txt").read_text() == "keep me" and len(list(elsewhere.iterdir())) == 1
