@@ -15,6 +15,7 @@ the same model with the same options looks up: that run compiles nothing (check 
 """
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import time
@@ -39,7 +40,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
     if not file.is_file():
         raise ValueError(f"{spec!r}: no such file {file}")
     sys.path.insert(0, str(file.parent))
-    module_spec = importlib.util.spec_from_file_location(file.stem, file)
+    loader = importlib.machinery.SourceFileLoader(file.stem, str(file))  # any suffix case (.PY)
+    module_spec = importlib.util.spec_from_file_location(file.stem, file, loader=loader)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[file.stem] = module
     module_spec.loader.exec_module(module)
@@ -65,8 +67,17 @@ def _input_sets(example_inputs: Any) -> list[tuple]:
 
 
 def _backward(out: Any) -> None:
-    tensors = [t for t in (out if isinstance(out, (tuple, list)) else [out])
-               if isinstance(t, torch.Tensor) and t.requires_grad]
+    """Backward from every floating-point output that requires grad (outputs are any pytree: a
+    tensor, tuples, dicts, a Hugging Face ``ModelOutput``), with ones as their gradients.
+
+    Raises:
+        ValueError: no output requires grad, so there is no backward graph to compile.
+    """
+    from torch.utils._pytree import tree_leaves
+    tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not tensors:
+        raise ValueError("--train: no output of the model requires grad (no parameters or inputs require "
+                         "grad?), so there is no backward graph to compile")
     if tensors:
         torch.autograd.backward(tensors, [torch.ones_like(t) for t in tensors])
 
@@ -94,6 +105,9 @@ def load_target(spec: str) -> Target:
         path = Path(spec)
         if not path.is_file():
             raise ValueError(f"{spec!r}: no such file")
+        import zipfile
+        if not zipfile.is_zipfile(path):  # (torch.export.load logs a traceback before raising)
+            raise ValueError(f"{spec}: not a torch.export program file (not a .pt2 archive)")
         try:
             ep = torch.export.load(path)
         except Exception as exc:
@@ -114,6 +128,15 @@ def load_target(spec: str) -> Target:
     return Target(made[0], _input_sets(made[1]), optimizer)
 
 
+def _set_mode(model: torch.nn.Module, train: bool) -> None:
+    """``model.train(train)``, except for a ``torch.export`` module, whose mode was fixed at export
+    (its ``train``/``eval`` raise ``NotImplementedError`` in torch 2.13)."""
+    try:
+        model.train(train)
+    except NotImplementedError:
+        pass
+
+
 def call_model(model: torch.nn.Module, *args: Any) -> Any:
     """``model(*args)``: the function ``--save-function`` compiles and saves (load it with
     ``torch.compiler.load_compiled_function`` and call it as ``fn(model, *args)``)."""
@@ -127,7 +150,7 @@ def save_function(spec: str, path: str, options: dict | None = None) -> dict[str
     Guards that cannot be serialized are dropped (:func:`~neuron_compile.serialized.serializable_guards`)."""
     target = load_target(spec)
     model, args = target.model, target.input_sets[0]
-    model.eval()
+    _set_mode(model, False)
     t0 = time.perf_counter()
     from neuron_compile.serialized import serializable_guards
     opts = {**(options or {}), "guard_filter_fn": serializable_guards}
@@ -167,11 +190,11 @@ def compile_units(spec: str, units: list[tuple[int, str]], options: dict[str, An
         for index, mode in units:
             args = target.input_sets[index]
             if mode == "inference":
-                model.eval()
+                _set_mode(model, False)
                 with torch.no_grad():
                     compiled(*args)
             else:
-                model.train()
+                _set_mode(model, True)
                 _backward(compiled(*args))
                 if step is not None:
                     step()

@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -145,6 +146,27 @@ def cmd_compile_target(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.cache_dir:
         options["cache_dir"] = args.cache_dir
+    source = Path(args.file.rpartition(":")[0] if ".py:" in args.file.lower() else args.file).resolve()
+    for flag, value in (("-o", args.output), ("--save-function", args.save_function)):
+        if value and (Path(value).resolve() == source or (Path(value).is_dir() and not args.emit_given)):
+            return _compile_failed(args, ValueError(f"{flag} {value}: give a new file name (not the model's file, "
+                                                    "not a directory)"))
+    if args.emit_given and args.jobs > 1:
+        return _compile_failed(args, ValueError("--emit writes one dump directory per graph, numbered per "
+                                                "process: use it with --jobs 1"))
+    if not args.emit_given:  # the point is to fill the cache: it must be there and writable
+        from neuron_compile.compiler import cache_for
+        from neuron_compile.config import resolve_config
+        try:
+            cfg = resolve_config(options)
+            cache = cache_for(cfg)
+        except (NeuronCompileError, OSError) as exc:
+            return _compile_failed(args, exc)
+        if not cfg.cache or not (cache.usable and cache.writable and os.access(cache.base, os.W_OK)):
+            why = ("disabled (NEURON_CACHE=0): unset NEURON_CACHE" if not cfg.cache else
+                   f"at {cache.root} not usable or not writable: set --cache-dir or NEURON_CACHE_DIR to a "
+                   "writable directory")
+            return _compile_failed(args, ValueError(f"nothing compiled would be stored, the cache is {why}"))
     try:
         if args.emit_given:
             phase = Phase.parse(args.emit)
@@ -201,7 +223,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
               "(a function returning (model, example_inputs))", file=sys.stderr)
         return 2
     from neuron_compile.compiler import mlir_to_llvm
-    from neuron_compile.errors import NeuronCompileError
+    from neuron_compile.errors import PipelineError
     from neuron_compile.phases import Phase
     from neuron_compile.target import HostCPU
     src = Path(args.file)
@@ -214,77 +236,120 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print("neuron-compile compile: supported today: --from linalg --emit llvm|obj "
               "(FX phases run inside torch.compile)", file=sys.stderr)
         return 2
+    dest = Path(args.output) if args.output else None
+    if dest is not None and (dest.resolve() == src.resolve() or (dest.is_dir() and stop is Phase.LLVM)
+                             or (dest.suffix == ".o" and dest.is_dir())):
+        print(f"neuron-compile compile: -o {dest}: give a new file name (not the input, not a directory)",
+              file=sys.stderr)
+        return 2
+    try:
+        src.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"neuron-compile compile: {src} is not readable MLIR text ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return 2
+    codegen = None
+    if not args.schedule:  # a dump keeps the schedules beside the linalg file (NN.schedule.json)
+        found = sorted(src.parent.glob("*.schedule.json"))
+        args.schedule = str(found[-1]) if found else None
+    if args.schedule:
+        from neuron_compile.codegen import plan_from_json
+        try:
+            codegen = plan_from_json(json.loads(Path(args.schedule).read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            print(f"neuron-compile compile: {args.schedule} is not a schedule file written by a neuron-compile dump "
+                  f"({type(exc).__name__}: {exc}); give another with --schedule", file=sys.stderr)
+            return 2
     import tempfile
     work = Path(tempfile.mkdtemp(prefix="neuron-cli-"))
+    keep = False
     try:
-        codegen = None
-        if not args.schedule:  # a dump keeps the schedules beside the linalg file (NN.schedule.json)
-            found = sorted(src.parent.glob("*.schedule.json"))
-            args.schedule = str(found[-1]) if found else None
-        if args.schedule:
-            import json
-
-            from neuron_compile.codegen import plan_from_json
-            codegen = plan_from_json(json.loads(Path(args.schedule).read_text()))
         if stop is Phase.OBJ and not (args.output or "").endswith(".o"):
             return _write_executable(args, src, work, codegen)
         out = mlir_to_llvm(src, work, timeout=600, codegen=codegen)
         if stop is Phase.OBJ:
             HostCPU.detect().codegen(out, work, 3, 600)
             out = work / "kernel.o"  # the relocatable object (kernel.so is what the runtime loads)
-    except NeuronCompileError as exc:
-        print(exc, file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
+        dest = dest or src.with_suffix(".llvm.mlir")
+        shutil.move(out, dest)
+    except PipelineError as exc:
+        keep = True  # the error's reproduce command reads the stage's input from here
+        print(f"{exc}\n(work files kept in {work})", file=sys.stderr)
         return 1
-    dest = Path(args.output) if args.output else src.with_suffix(".llvm.mlir")
-    shutil.move(out, dest)
-    shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
     print(dest)
     return 0
+
+
+_SIGNATURE_ARG = re.compile(r"%(\w+): (memref<.*?>) \{llvm\.noalias\}")
+
+
+def _signature_problem(mlir: str, plan: Any) -> str | None:
+    """Why ``plan`` cannot call the kernel function of ``mlir`` (argument count or a memref type
+    differs), or ``None``. The entry point passes one pointer per plan spec (inputs, host results,
+    outputs) and trusts their shapes, so a mismatch would read or write out of bounds."""
+    from neuron_compile.lowering.ir import memref_type
+    from neuron_compile.runtime import KERNEL_SYMBOL
+    m = re.search(rf"func\.func @{KERNEL_SYMBOL}\((.*)\) attributes", mlir)
+    if m is None:
+        return f"it has no func.func @{KERNEL_SYMBOL}(...) as a neuron-compile dump has"
+    got = [t for _, t in _SIGNATURE_ARG.findall(m.group(1))]
+    want = [memref_type(s.shape, s.dtype, s.stride) for s in (*plan.input_specs, *plan.host_specs, *plan.output_specs)]
+    if len(got) != len(want):
+        return f"@{KERNEL_SYMBOL} takes {len(got)} memrefs, the plan passes {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            return f"argument {i} of @{KERNEL_SYMBOL} is {g}, the plan passes {w}"
+    return None
 
 
 def _write_executable(args: argparse.Namespace, src: Path, work: Path, codegen: Any) -> int:
     """``--from linalg --emit obj``: ``src`` and the graph's call plan (``NN.plan.json`` of the
     same dump, or ``--plan``) → an executable directory (manifest + native code) that
-    ``neuron_compile.load_executable(DIR)`` loads and calls with the graph's inputs."""
+    ``neuron_compile.load_executable(DIR)`` loads and calls with the graph's inputs. The plan must
+    match the kernel function's signature (checked: else the call would go out of bounds).
+
+    Raises:
+        PipelineError: a stage failed (the caller keeps ``work`` for its reproduce command).
+    """
     from neuron_compile.compiler import linalg_to_native
     from neuron_compile.config import resolve_config
-    from neuron_compile.errors import NeuronCompileError
     from neuron_compile.executable import Build, write_executable
     from neuron_compile.plan import CallPlan
     from neuron_compile.target import HostCPU
     dest = Path(args.output) if args.output else src.parent / (src.name.split(".")[0] + ".executable")
+    plan_file = Path(args.plan) if args.plan else None
+    if plan_file is None:
+        found = sorted(src.parent.glob("*.plan.json"))
+        plan_file = found[-1] if found else None
+    if plan_file is None or not plan_file.is_file():
+        print(f"neuron-compile compile: no call plan for {src}: an executable needs the graph's NN.plan.json "
+              f"from the same dump (give it with --plan), or write a relocatable object with -o FILE.o",
+              file=sys.stderr)
+        return 2
+    if dest.is_file() or (dest.is_dir() and any(dest.iterdir())):
+        print(f"neuron-compile compile: {dest} exists and is not an empty directory; choose another -o",
+              file=sys.stderr)
+        return 2
     try:
-        plan_file = Path(args.plan) if args.plan else None
-        if plan_file is None:
-            found = sorted(src.parent.glob("*.plan.json"))
-            plan_file = found[-1] if found else None
-        if plan_file is None or not plan_file.is_file():
-            print(f"neuron-compile compile: no call plan for {src}: an executable needs the graph's NN.plan.json "
-                  f"from the same dump (give it with --plan), or write a relocatable object with -o FILE.o",
-                  file=sys.stderr)
-            return 2
-        if dest.is_file() or (dest.is_dir() and any(dest.iterdir())):
-            print(f"neuron-compile compile: {dest} exists and is not an empty directory; choose another -o",
-                  file=sys.stderr)
-            return 2
-        try:
-            saved = json.loads(plan_file.read_text())
-            plan = CallPlan.from_json(saved["plan"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(f"neuron-compile compile: {plan_file} is not a call plan written by a neuron-compile dump "
-                  f"({type(exc).__name__}: {exc})", file=sys.stderr)
-            return 2
-        target = HostCPU.detect()
-        build = Build(saved.get("name", src.stem), plan, ops=saved.get("ops", 0),
-                      kernels=(codegen.to_json()["kernels"] if codegen is not None else []))
-        build.payloads = linalg_to_native(src, work, plan, codegen, target, resolve_config(None), build.seconds)
-        write_executable(dest, build, None, target)
-    except NeuronCompileError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        saved = json.loads(plan_file.read_text())
+        plan = CallPlan.from_json(saved["plan"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"neuron-compile compile: {plan_file} is not a call plan written by a neuron-compile dump "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+    problem = _signature_problem(src.read_text(), plan)
+    if problem:
+        print(f"neuron-compile compile: the call plan {plan_file} does not fit {src}: {problem}; give the plan "
+              "of the same graph's dump with --plan", file=sys.stderr)
+        return 2
+    target = HostCPU.detect()
+    build = Build(saved.get("name", src.stem), plan, ops=saved.get("ops", 0),
+                  kernels=(codegen.to_json()["kernels"] if codegen is not None else []))
+    build.payloads = linalg_to_native(src, work, plan, codegen, target, resolve_config(None), build.seconds)
+    write_executable(dest, build, None, target)
     print(dest)
     return 0
 
@@ -432,11 +497,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "compile":
         args.emit_given = args.emit is not None
         args.emit = args.emit or "llvm"
+    from neuron_compile.errors import NeuronCompileError
     try:
         return args.func(args)
     except BrokenPipeError:  # `neuron-compile cache list | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python docs, "Note on SIGPIPE"
         return 0
+    except (OSError, ValueError, NeuronCompileError) as exc:  # bad paths, files, values: one line, no traceback
+        name = " ".join(filter(None, (args.command, getattr(args, "action", None))))
+        print(f"neuron-compile {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

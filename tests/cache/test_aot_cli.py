@@ -192,8 +192,9 @@ EXPORTED = '''
 import json, sys, torch, neuron_compile
 ep = torch.export.load(sys.argv[1])
 x = ep.example_inputs[0][0]
-out = torch.compile(ep.module(), backend="neuron", dynamic=False)(x)
-want = ep.module()(x)
+with torch.no_grad():  # compiled without --train: the inference graph
+    out = torch.compile(ep.module(), backend="neuron", dynamic=False)(x)
+    want = ep.module()(x)
 print(json.dumps({"err": (out - want).abs().max().item(), "compiled": neuron_compile.metrics()["graphs_compiled"]}))
 '''
 
@@ -220,3 +221,27 @@ def test_cli_compiles_a_torch_export_program_file(tmp_path):
                              text=True, timeout=300, env=_env())
     assert refused.returncode == 1 and "not a torch.export program file" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_a_dict_output_model_gets_its_backward_compiled_and_bad_outputs_are_refused(tmp_path):
+    """--train differentiates every output leaf (a dict here, as a Hugging Face ModelOutput); -o
+    naming the model's own file and a disabled cache are refused before anything is written."""
+    (tmp_path / "dictmodel.py").write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.l = torch.nn.Linear(4, 3)\n"
+        "    def forward(self, x):\n        return {'logits': self.l(x).tanh()}\n"
+        "def make():\n    return M(), (torch.randn(2, 4),)\n")
+    out = subprocess.run(CLI + ["compile", f"{tmp_path}/dictmodel.py:make", "--train", "--cache-dir",
+                                str(tmp_path / "cache"), "--json"], capture_output=True, text=True, timeout=600,
+                         env=_env())
+    assert out.returncode == 0, out.stderr
+    assert any(g["name"].endswith("backward") for g in json.loads(out.stdout)["graph_keys"])
+    source = (tmp_path / "dictmodel.py").read_text()
+    for argv, env, message in (([f"{tmp_path}/dictmodel.py:make", "-o", f"{tmp_path}/dictmodel.py"], {},
+                                "give a new file name"),
+                               ([f"{tmp_path}/dictmodel.py:make"], {"NEURON_CACHE": "0"}, "the cache is disabled")):
+        refused = subprocess.run(CLI + ["compile", *argv], capture_output=True, text=True, timeout=300,
+                                 env=_env(**env))
+        assert refused.returncode == 1 and message in refused.stderr and "Traceback" not in refused.stderr
+    assert (tmp_path / "dictmodel.py").read_text() == source
