@@ -139,10 +139,25 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
     return index
 
 
+def _entry_problems(entry: Path, key: str) -> list[str]:
+    """Why the entry directory is not the executable its key names (a manifest carrying that key,
+    intact payloads); empty when it is."""
+    try:
+        manifest = read_manifest(entry)
+        problems = verify_payloads(entry, manifest)
+        if manifest.get("cache_key") != key:
+            problems.append(f"its manifest carries key {str(manifest.get('cache_key'))[:16]}")
+    except Exception as exc:  # unreadable manifest: ExecutableError, or JSON of the wrong shape
+        problems = [str(exc)]
+    return problems
+
+
 def load_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Import the bundle at ``path`` into the cache (default: the configured one).
 
-    Returns ``{"imported": [...], "existing": [...], "other_cpu": [...]}`` (cache keys).
+    Returns ``{"imported": [...], "existing": [...], "other_cpu": [...], "repaired": [...]}`` (cache
+    keys; ``repaired``: entries already in the cache but damaged, quarantined and imported again,
+    also listed in ``imported``).
     Raises:
         BundleError: unreadable, truncated, corrupted (a file missing or not matching its sha256),
             or another format version; nothing is imported then.
@@ -182,18 +197,12 @@ def load_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
                     raise BundleError(f"{path}: {e['key'][:16]}/{name} is missing or does not match its sha256; "
                                       "the bundle is corrupted, nothing imported")
             entry = staging / "entries" / e["key"]
-            try:  # the entry must be what its key says: a manifest carrying that key, intact payloads
-                manifest = read_manifest(entry)
-                problems = verify_payloads(entry, manifest)
-                if manifest.get("cache_key") != e["key"]:
-                    problems.append(f"its manifest carries key {str(manifest.get('cache_key'))[:16]}")
-            except Exception as exc:  # unreadable manifest: ExecutableError, or JSON of the wrong shape
-                problems = [str(exc)]
+            problems = _entry_problems(entry, e["key"])
             if problems:
                 raise BundleError(f"{path}: entry {e['key'][:16]} is not a valid executable ({'; '.join(problems)}); "
                                   "nothing imported")
         host = HostCPU.detect()
-        result: dict[str, list[str]] = {"imported": [], "existing": [], "other_cpu": []}
+        result: dict[str, list[str]] = {"imported": [], "existing": [], "other_cpu": [], "repaired": []}
         for e in index["entries"]:
             key, tgt = e["key"], e.get("target") or {}
             if (tgt.get("triple"), tgt.get("cpu"), tgt.get("cpu_features_sha256")) != (host.triple, host.cpu,
@@ -201,9 +210,13 @@ def load_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
                 result["other_cpu"].append(key)
                 continue
             final = cache.entry_dir(key)
-            if (final / MANIFEST).is_file():  # append-only: never overwrite an entry
-                result["existing"].append(key)
-                continue
+            if (final / MANIFEST).is_file():  # append-only: never overwrite a valid entry
+                damaged = _entry_problems(final, key)
+                if not damaged:
+                    result["existing"].append(key)
+                    continue
+                cache.quarantine(final, "; ".join(damaged))  # a damaged one is replaced by the bundle's
+                result["repaired"].append(key)
             final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if final.is_symlink():  # not ours to follow: the link goes, whatever it points at stays
                 final.unlink()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -32,6 +33,7 @@ from neuron_compile.runtime import Executable
 _MEMORY: dict[str, Executable] = {}
 _warned: set[str] = set()
 STALE_TMP_SECONDS = 3600
+_QUARANTINED = re.compile(r"[0-9a-f]{64}\.\d+\.\d+")  # Cache.quarantine's names: <key>.<time>.<pid>
 
 
 def _warn_once(tag: str, message: str) -> None:
@@ -191,8 +193,10 @@ class ArtifactCache:
         return sum(e.bytes for e in self.entries())
 
     def quarantined(self) -> list[Path]:
+        """Entries :meth:`quarantine` moved aside (``<key>.<time>.<pid>``; nothing else in that
+        directory is ours to list or delete)."""
         q = self.root / "quarantine"
-        return sorted(q.iterdir()) if q.is_dir() else []
+        return sorted(p for p in q.iterdir() if _QUARANTINED.fullmatch(p.name)) if q.is_dir() else []
 
     def clear_side_dirs(self) -> int:
         """Remove quarantined entries, unused lock files and temp dirs; returns how many were removed."""

@@ -369,7 +369,8 @@ def cmd_bundle_import(args: argparse.Namespace) -> int:
     except BundleError as exc:
         print(f"neuron-compile bundle import: {exc}", file=sys.stderr)
         return 1
-    lines = [f"imported {len(r['imported'])}, already in the cache {len(r['existing'])}"]
+    lines = [f"imported {len(r['imported'])}, already in the cache {len(r['existing'])}"
+             + (f", {len(r['repaired'])} of them replacing damaged entries" if r["repaired"] else "")]
     lines += [f"  skipped {k[:16]}: compiled for another CPU than this host's" for k in r["other_cpu"]]
     _emit(args, r, "\n".join(lines))
     return 0

@@ -196,3 +196,25 @@ def test_a_symlink_in_an_entrys_place_is_replaced_not_followed(bundle, tmp_path)
     r = load_bundle(bundle, dest)
     assert key in r["imported"] and not link.is_symlink() and (link / "manifest.json").is_file()
     assert (elsewhere / "precious.txt").read_text() == "keep me" and len(list(elsewhere.iterdir())) == 1
+
+
+def test_a_damaged_entry_is_replaced_by_the_bundles_and_user_files_beside_the_quarantine_stay(bundle, tmp_path):
+    from neuron_compile.bundle import _cache
+    from neuron_compile.executable import NATIVE
+    dest = tmp_path / "cache"
+    load_bundle(bundle, dest)
+    key = read_index(bundle)["entries"][0]["key"]
+    so = _cache(dest).entry_dir(key) / NATIVE
+    so.write_bytes(so.read_bytes()[:100])  # damaged in place
+    notes = dest / "quarantine" / "my-notes"  # not ours: a name no quarantined entry has
+    notes.mkdir(parents=True)
+    (notes / "f.txt").write_text("x")
+    with pytest.warns(RuntimeWarning, match="failed verification"):
+        r = load_bundle(bundle, dest)
+    assert r["repaired"] == [key] and key in r["imported"] and len(r["existing"]) == 1
+    m = _compile(dest, strict=True)
+    assert m["graphs_compiled"] == 0 and m["disk_hits"] == 2
+    cache = _cache(dest)
+    assert [p.name.split(".")[0] for p in cache.quarantined()] == [key]
+    cache.clear_side_dirs()
+    assert (notes / "f.txt").read_text() == "x" and not cache.quarantined()
