@@ -151,6 +151,9 @@ def cmd_compile_target(args: argparse.Namespace) -> int:
         if value and (Path(value).resolve() == source or (Path(value).is_dir() and not args.emit_given)):
             return _compile_failed(args, ValueError(f"{flag} {value}: give a new file name (not the model's file, "
                                                     "not a directory)"))
+    if args.emit_given and args.save_function:
+        return _compile_failed(args, ValueError("--save-function needs the compiled executables in the cache, "
+                                                "which --emit does not fill: run them separately"))
     if args.emit_given and args.jobs > 1:
         return _compile_failed(args, ValueError("--emit writes one dump directory per graph, numbered per "
                                                 "process: use it with --jobs 1"))
