@@ -168,6 +168,8 @@ def resolve_config(options: Mapping[str, Any] | None = None,
     cfg = Config(**values)
     if not 0 <= cfg.opt_level <= 3:
         raise NeuronCompileError(f"opt_level must be 0..3, got {cfg.opt_level}")
+    if cfg.cache_max_bytes < 0:
+        raise NeuronCompileError(f"cache_max_bytes must be >= 0 bytes, got {cfg.cache_max_bytes}")
     if cfg.compile_jobs < 0:
         raise NeuronCompileError(f"compile_jobs must be >= 0 (0 = one per core), got {cfg.compile_jobs}")
     if cfg.compile_timeout <= 0:

@@ -28,6 +28,10 @@ def test_bad_option_values_name_the_option_and_source():
         resolve_config({"profile": "maybe"}, {})
     with pytest.raises(NeuronCompileError, match="NEURON_PROFILE"):
         resolve_config(None, {"NEURON_PROFILE": "2"})
+    with pytest.raises(NeuronCompileError, match="cache_max_bytes must be >= 0"):
+        resolve_config(None, {"NEURON_CACHE_MAX_BYTES": "-5"})
+    with pytest.raises(NeuronCompileError, match="stop_after builds nothing runnable"):
+        resolve_config({"stop_after": "linalg"}, {})
     assert resolve_config({"profile": "yes"}, {}).profile is True
     assert resolve_config(None, {"NEURON_PROFILE": "off"}).profile is False
 
