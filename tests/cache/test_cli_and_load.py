@@ -94,7 +94,7 @@ def test_compile_cli_rebuilds_a_working_executable_from_dumped_linalg(tmp_path):
     assert load_executable(tmp_path / "exe")  # still intact
     # a plan of another graph (here: other shapes) does not fit the kernel's signature: refused
     other = json.loads(plan.read_text())
-    other["plan"]["input_specs"][0]["shape"] = [5, 8]
+    other["plan"]["inputs"][0]["shape"] = [5, 8]
     (tmp_path / "other.plan.json").write_text(json.dumps(other))
     wrong = cli("compile", str(edited), "--from", "linalg", "--emit", "obj", "--plan", str(tmp_path / "other.plan.json"),
                 "-o", str(tmp_path / "exe3"))
