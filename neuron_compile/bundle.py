@@ -91,6 +91,8 @@ def save_bundle(path: str | os.PathLike, cache_dir: str | os.PathLike | None = N
                                  "files": files})
         chosen.append(e)
     dest = Path(path)
+    if not dest.parent.is_dir():
+        raise BundleError(f"cannot write the bundle {dest}: its directory {dest.parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", dir=dest.parent or ".")
     os.close(fd)
     try:
@@ -118,8 +120,9 @@ def read_index(path: str | os.PathLike) -> dict[str, Any]:
             member = tar.getmember(INDEX)
             index = json.loads(tar.extractfile(member).read())
     except (OSError, tarfile.TarError, KeyError, ValueError, EOFError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""  # tarfile lists every compression it tried
         raise BundleError(f"{path} is not a readable neuron-compile bundle, truncated or not a bundle "
-                          f"({type(exc).__name__}: {exc}); nothing imported") from None
+                          f"({type(exc).__name__}: {first}); nothing imported") from None
     import jsonschema
     try:
         jsonschema.validate(index, INDEX_SCHEMA)

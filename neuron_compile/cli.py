@@ -151,6 +151,9 @@ def cmd_compile_target(args: argparse.Namespace) -> int:
         if value and (Path(value).resolve() == source or (Path(value).is_dir() and not args.emit_given)):
             return _compile_failed(args, ValueError(f"{flag} {value}: give a new file name (not the model's file, "
                                                     "not a directory)"))
+        if value and not args.emit_given and not Path(value).resolve().parent.is_dir():
+            return _compile_failed(args, ValueError(f"{flag} {value}: the directory {Path(value).parent} does not "
+                                                    "exist"))
     if args.emit_given and args.save_function:
         return _compile_failed(args, ValueError("--save-function needs the compiled executables in the cache, "
                                                 "which --emit does not fill: run them separately"))
