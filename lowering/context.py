@@ -304,11 +304,13 @@ class LoweringContext:
         except ValueError as exc:
             raise self.fail(str(exc)) from None
 
-    def materialize(self, v: "TensorValue | LazyTensor", kernel: bool = True) -> TensorValue:
-        """Write a lazy value to a tensor: one ``linalg.generic`` reading its leaves."""
+    def materialize(self, v: "TensorValue | LazyTensor", kernel: bool = True,
+                    into: TensorValue | None = None) -> TensorValue:
+        """Write a lazy value to a tensor: one ``linalg.generic`` reading its leaves, into a new
+        tensor or into ``into`` (same shape and dtype: a destination's slice)."""
         if not isinstance(v, LazyTensor):
             return v
-        init = self.empty(v.shape, v.dtype)
+        init = into if into is not None else self.empty(v.shape, v.dtype)
         maps = [affine_map(v.rank, list(lf.exprs)) for lf in v.leaves]
         return self.generic([lf.value for lf in v.leaves], maps, init, self.identity_map(v.rank),
                             ["parallel"] * v.rank, lambda b, args: v.fn(b, args[:-1]), kernel=kernel)
@@ -472,13 +474,25 @@ class LoweringContext:
 
     def insert_slice(self, src: TensorValue, dest: TensorValue, offsets: Sequence[int],
                      strides: Sequence[int] | None = None) -> TensorValue:
-        src, dest = self.materialize(src), self.materialize(dest)
+        dest = self.materialize(dest)
         if numel(src.shape) == 0:
             return dest
         strides = strides or [1] * dest.rank
+        where = f"[{', '.join(map(str, offsets))}] [{', '.join(map(str, src.shape))}] [{', '.join(map(str, strides))}]"
+        if isinstance(src, LazyTensor) and set(strides) <= {1} and src.rank == dest.rank and src.dtype == dest.dtype:
+            # a lazy (pointwise) value is computed straight into the destination's slice: one
+            # kernel, where materialising it and copying the temporary in was two passes over
+            # memory (the pieces of a cat, a padded ReLU: lowering.registry.LAZY_INPUT_OPS). A
+            # value two pieces read is computed by each (pointwise: cheaper than a stored copy)
+            self.body.used_as_init(dest)
+            part = self.emit(f"tensor.extract_slice {dest.name}{where} : {dest.type} to "
+                             f"{tensor_type(tuple(src.shape), src.dtype)}", src.shape, src.dtype)
+            written = self.materialize(src, into=part)
+            return self.emit(f"tensor.insert_slice {written.name} into {dest.name}{where} : {written.type} into "
+                             f"{dest.type}", dest.shape, dest.dtype)
+        src = self.materialize(src)
         tag, info = self.tagged_kernel("copy", [src], [dest])  # a copy loop
         self.body.used_as_init(dest)
-        where = f"[{', '.join(map(str, offsets))}] [{', '.join(map(str, src.shape))}] [{', '.join(map(str, strides))}]"
         if set(strides) <= {1}:
             # the copy as linalg.copy into the destination's slice, inserted back at the same place:
             # bufferization writes it in place and it lowers to loops LLVM vectorizes; a bare

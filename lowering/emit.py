@@ -31,7 +31,7 @@ from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_
                                        tensor_bytes, tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.lazy import LazyTensor
-from neuron_compile.lowering.registry import fusion_kind, get_lowering, rule_file_for
+from neuron_compile.lowering.registry import fusion_kind, get_lowering, reads_lazy_inputs, rule_file_for
 from neuron_compile.lowering.outputs import live_nodes, plan_outputs
 from neuron_compile.plan import CallPlan, HostOp, TensorSpec
 
@@ -152,8 +152,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
             declines.append(UnsupportedOp(op_name(node), node.name, user_location(node), rule_file_for(node.target)))
             env[node] = _stand_in(ctx, node.meta["val"])
             continue
-        kind = fusion_kind(node.target)
-        fetch = (lambda a: env[a]) if kind in LAZY_INPUT_KINDS else (lambda a: _materialized(ctx, env, a))
+        fetch = (lambda a: env[a]) if reads_lazy_inputs(node.target) else (lambda a: _materialized(ctx, env, a))
         args = torch.fx.node.map_arg(node.args, fetch)
         kwargs = torch.fx.node.map_arg(node.kwargs, fetch)
         try:
@@ -305,7 +304,7 @@ def stays_lazy(node: torch.fx.Node) -> bool:
     for u in node.users:
         if u.op != "call_function" or (u.meta.get(KERNEL) != kernel and not inline):
             return False
-        if u.target is not operator.getitem and fusion_kind(u.target) not in LAZY_INPUT_KINDS:
+        if u.target is not operator.getitem and not reads_lazy_inputs(u.target):
             return False
     return True
 

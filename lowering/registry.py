@@ -85,6 +85,19 @@ def get_lowering(op: object) -> LoweringRule | None:
     return named[0] if named else rule
 
 
+# Ops whose lowering rules take pointwise (lazy) inputs although they are not pointwise: they write
+# each input into a slice of their output (``LoweringContext.insert_slice``), so a fused pointwise
+# producer is computed straight into that slice instead of being stored and copied (torch.cat of
+# ``-x2, x1`` in rotary embeddings; F.pad of a ReLU). The fusion pass lets producers join them.
+LAZY_INPUT_OPS: frozenset = frozenset({torch.ops.aten.cat.default, torch.ops.aten.constant_pad_nd.default})
+
+
+def reads_lazy_inputs(op: object) -> bool:
+    """Whether ``op``'s rule accepts unmaterialised (lazy) inputs: pointwise and reduction rules,
+    and :data:`LAZY_INPUT_OPS`."""
+    return fusion_kind(op) in ("pointwise", "reduction") or op in LAZY_INPUT_OPS
+
+
 def fusion_kind(op: object) -> str:
     """``pointwise``/``reduction``/``matmul``/``opaque`` for an op (``opaque`` if it has no rule)."""
     lowering_rules()

@@ -31,6 +31,11 @@ EXPENSIVE = {_aten.exp.default, _aten.log.default, _aten.tanh.default, _aten.pow
              _aten.cos.default, _aten.log1p.default, _aten.expm1.default}
 
 
+def _lazy_input_ops() -> frozenset:
+    from neuron_compile.lowering.registry import LAZY_INPUT_OPS
+    return LAZY_INPUT_OPS
+
+
 def _kind(n: torch.fx.Node) -> str:
     from neuron_compile.lowering.registry import fusion_kind
     if n.op == "call_function" and n.target is operator.getitem:
@@ -55,6 +60,7 @@ class Fuse:
         g = dataflow_graph(gm)
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
         kind = {n: _kind(n) for n in nodes}
+        LAZY_INPUT_OPS = _lazy_input_ops()  # noqa: N806 (cat, pad: see lowering.registry)
         for n in nodes:
             n.meta.pop(INLINE, None)
         group = {n: {n} for n in nodes}      # node -> its kernel's member set (shared object)
@@ -89,7 +95,7 @@ class Fuse:
             users = [u for u in p.users if u.op == "call_function"]
             if not users or len(users) != len(p.users):
                 continue
-            if any(kind[u] not in ("pointwise", "reduction") for u in users):
+            if any(kind[u] not in ("pointwise", "reduction") and u.target not in LAZY_INPUT_OPS for u in users):
                 continue
             if len({id(group[u]) for u in users}) != 1:
                 if len({id(group[u]) for u in users}) <= self.max_inline_users and p.target not in EXPENSIVE:

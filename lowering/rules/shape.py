@@ -166,8 +166,9 @@ def lower_constant_pad_nd(ctx: LoweringContext, x: TensorValue, pad, value=0) ->
     out = ctx.fill(shape, dtype, value)
     if any(s <= 0 for s in sizes):
         return out
-    kept = ctx.extract_slice(x, offsets_in, sizes, [1] * x.rank)
-    return ctx.insert_slice(ctx.materialize(ctx.cast(kept, dtype)), out, offsets_out)
+    # a lazy x (a fused pointwise producer) is computed straight into the padded output unless cropped
+    kept = x if list(sizes) == list(x.shape) else ctx.extract_slice(ctx.materialize(x), offsets_in, sizes, [1] * x.rank)
+    return ctx.insert_slice(ctx.cast(kept, dtype), out, offsets_out)
 
 
 @register_lowering(aten.split_with_sizes.default, aten.split.Tensor, aten.unbind.int)

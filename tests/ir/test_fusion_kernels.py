@@ -8,6 +8,9 @@ Chosen numbers (forward, inference):
   layer_norm           3  (sum | sum of squares around the mean | normalise·scale·shift)
   linear + bias + GELU 2  loop nests in ONE fused kernel: the matmul accumulating onto the bias, then
                           the GELU epilogue (a second loop nest: no tiling yet to put both in one)
+  cat(-x2, x1 * 2)     2  (each piece computed straight into its slice of the output; stored and then
+                          copied, it was 4: 0.36 -> 0.18 ms for 64x1024, Sapphire Rapids)
+  pad(relu(x))         1  (the ReLU written into the padded output's interior; the fill is no kernel)
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ CASES = {
                                                                           torch.randn(64)], 3),
     "linear_bias_gelu": (lambda x, w, b: F.gelu(F.linear(x, w, b)),
                          lambda: [torch.randn(16, 32), torch.randn(64, 32), torch.randn(64)], 2),
+    "cat_of_pointwise": (lambda x: torch.cat([-x[:, 32:], x[:, :32] * 2], -1), lambda: [torch.randn(16, 64)], 2),
+    "pad_of_relu": (lambda x: F.pad(x.relu(), (1, 2, 3, 0), value=0.5), lambda: [torch.randn(16, 64)], 1),
 }
 
 
@@ -99,3 +104,18 @@ def test_a_fused_value_read_twice_is_emitted_once():
     assert len(long.mlir) < 4 * len(short.mlir)
     ref = _fibonacci_chain(x.double(), 6).float()
     torch.testing.assert_close(nc(lambda t: _fibonacci_chain(t, 6))(x), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pointwise_producers_fused_into_cat_and_pad_match_float64_eager(dtype):
+    """The producers of a cat / pad run inside it (computed into the output's slices): the values,
+    the untouched padding and a producer read by two pieces match eager at float64."""
+    def fn(x, y):
+        h = (x * 3).sigmoid()
+        return torch.cat([h, y.relu(), h.neg()], 1), F.pad(torch.tanh(y), (2, 1, 0, 3), value=-1.0)
+    x, y = torch.randn(8, 5, 7, dtype=dtype), torch.randn(8, 4, 7, dtype=dtype)
+    got = nc(fn)(x, y)
+    want = fn(x.double(), y.double())
+    for g, w in zip(got, want):
+        assert g.dtype == dtype and g.shape == w.shape
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-6)
