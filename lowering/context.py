@@ -106,6 +106,9 @@ class FunctionBody:
     # output in place needs (lowering/emit.py _store_output)
     region_views: dict[str, list["RegionView"]] = field(default_factory=dict)
     init_uses: dict[str, int] = field(default_factory=dict)  # value → times used as a destination (outs)
+    # lazy values already written to memory (by object: LazyTensor compares by identity), so a rule
+    # that tries one path with a lazy input and falls back to another stores it once
+    stored: dict[int, tuple[LazyTensor, TensorValue]] = field(default_factory=dict)
     target: TargetInfo | None = None  # for strategies that shape the payload (matmul)
     overrides: dict[str, Schedule] = field(default_factory=dict)  # parsed NEURON_SCHEDULE
 
@@ -310,10 +313,16 @@ class LoweringContext:
         tensor or into ``into`` (same shape and dtype: a destination's slice)."""
         if not isinstance(v, LazyTensor):
             return v
+        cached = into is None and kernel
+        if cached and id(v) in self.body.stored:
+            return self.body.stored[id(v)][1]
         init = into if into is not None else self.empty(v.shape, v.dtype)
         maps = [affine_map(v.rank, list(lf.exprs)) for lf in v.leaves]
-        return self.generic([lf.value for lf in v.leaves], maps, init, self.identity_map(v.rank),
-                            ["parallel"] * v.rank, lambda b, args: v.fn(b, args[:-1]), kernel=kernel)
+        out = self.generic([lf.value for lf in v.leaves], maps, init, self.identity_map(v.rank),
+                           ["parallel"] * v.rank, lambda b, args: v.fn(b, args[:-1]), kernel=kernel)
+        if cached:
+            self.body.stored[id(v)] = (v, out)
+        return out
 
     def cast(self, v: "TensorValue | LazyTensor", dtype: torch.dtype) -> "TensorValue | LazyTensor":
         if v.dtype == dtype:

@@ -118,7 +118,9 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, 
             groups: int) -> TensorValue | None:
     """``conv(x, w) + bias`` [N, OC, out spatial...] as im2col + the tiled GEMM, the bias the
     accumulator's initial value per output channel; ``None`` where the caller's direct
-    contraction is kept (groups, half precision, a product the GEMM strategy does not take)."""
+    contraction is kept (groups, half precision, a product the GEMM strategy does not take).
+    ``x`` may be lazy (a fused pointwise producer): the implicit GEMM computes it into its padded
+    input, the other paths store it first."""
     shape, dtype = ctx.out_spec()
     k, stride, padding, dilation, ks = _geometry(x, w.shape, stride, padding, dilation)
     n, oc = shape[0], shape[1]
@@ -131,6 +133,7 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, 
         return y
     if not gemm_applies(ctx, oc, cols, rows, n if n > 1 else 0, dtype):
         return None
+    x = ctx.materialize(x)  # a lazy input (a fused producer) is read in place only by the implicit GEMM
     col = _images(ctx, im2col(ctx, x, ks, shape[2:], stride, padding, dilation))
     acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
     out = ctx.matmul(ctx.reshape(w, (oc, rows)), col, dtype, acc_init=acc)

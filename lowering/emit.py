@@ -313,10 +313,11 @@ CHEAP_OPS = 2  # a cast or a scale of a stored value: recomputed by each consume
 
 
 def _cheap_to_recompute(node: torch.fx.Node, v: Any) -> bool:
-    """A reduction's float64 accumulator cast back to float32 (or divided by N for a mean) is read by
-    its consumers directly; storing it would cost a whole extra loop."""
+    """A reduction's float64 accumulator cast back to float32 (or divided by N for a mean), or a
+    convolution's output cropped from its padded-grid product, is read by its consumers directly;
+    storing it would cost a whole extra loop."""
     if not isinstance(v, LazyTensor) or v.ops > CHEAP_OPS or node.meta.get(KERNEL) is None \
-            or fusion_kind(node.target) != "reduction":
+            or fusion_kind(node.target) not in ("reduction", "matmul"):
         return False
     return all(u.op == "call_function" and u.target is not operator.getitem
                and fusion_kind(u.target) in LAZY_INPUT_KINDS and u.meta.get(KERNEL) is not None for u in node.users)

@@ -88,8 +88,11 @@ def get_lowering(op: object) -> LoweringRule | None:
 # Ops whose lowering rules take pointwise (lazy) inputs although they are not pointwise: they write
 # each input into a slice of their output (``LoweringContext.insert_slice``), so a fused pointwise
 # producer is computed straight into that slice instead of being stored and copied (torch.cat of
-# ``-x2, x1`` in rotary embeddings; F.pad of a ReLU). The fusion pass lets producers join them.
-LAZY_INPUT_OPS: frozenset = frozenset({torch.ops.aten.cat.default, torch.ops.aten.constant_pad_nd.default})
+# ``-x2, x1`` in rotary embeddings; F.pad of a ReLU; a convolution's zero-padded input, which the
+# implicit GEMM reads: the previous convolution's BN + ReLU is written there directly). The fusion
+# pass lets producers join them.
+LAZY_INPUT_OPS: frozenset = frozenset({torch.ops.aten.cat.default, torch.ops.aten.constant_pad_nd.default,
+                                       torch.ops.aten.convolution.default})
 
 
 def reads_lazy_inputs(op: object) -> bool:

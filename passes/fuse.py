@@ -3,7 +3,9 @@
 Rules, as in Inductor's scheduler, on the networkx dataflow graph (:mod:`passes.analysis`):
 
 1. *Matmul epilogue*: a chain of pointwise consumers of a ``mm``/``bmm``/``addmm`` with the matmul's
-   output shape, each the only user of the previous, joins the matmul's kernel.
+   output shape, each the only user of the previous, joins the matmul's kernel, unless the chain
+   ends in an op that reads lazy inputs into its output (``lowering.registry.LAZY_INPUT_OPS``: a
+   convolution's padded input, a cat), which then takes it by rule 2.
 2. *Producer fusion* (walking the graph backwards): a pointwise node whose users all sit in one
    kernel of pointwise or reduction ops joins it, so pointwise chains fuse and reductions get their
    pointwise prologue. A node used by several kernels stays its own kernel (materialised once
@@ -80,14 +82,20 @@ class Fuse:
         for m in nodes:                       # 1. matmul epilogues
             if kind[m] != "matmul":
                 continue
-            cur = m
+            chain, cur = [], m
             while cur not in outputs and len(cur.users) == 1:
                 (u,) = cur.users
                 if u.op != "call_function" or kind[u] != "pointwise" or _shape(u) != _shape(m):
                     break
+                chain.append(u)
+                cur = u
+            if chain and cur not in outputs and all(u.target in LAZY_INPUT_OPS for u in cur.users):
+                # the epilogue is a loop nest of its own either way: its consumer (the next
+                # convolution's padded input, a cat) computes it straight into its own input (rule 2)
+                continue
+            for u in chain:
                 if not merge(m, u):
                     break
-                cur = u
 
         for p in reversed(nodes):            # 2. producers into their consumers' kernel
             if kind[p] != "pointwise" or p in outputs or len(group[p]) > 1:

@@ -102,12 +102,13 @@ def _grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w: Tensor
 @register_lowering(aten.convolution.default)
 def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
                       transposed: bool, output_padding, groups: int) -> TensorValue:
-    x, w = ctx.materialize(x), ctx.materialize(w)
+    w = ctx.materialize(w)
     if transposed:
-        return _transposed(ctx, x, w, bias, stride, padding, dilation, groups)
-    gemm = conv_gemm.forward(ctx, x, w, bias, stride, padding, dilation, groups)
+        return _transposed(ctx, ctx.materialize(x), w, bias, stride, padding, dilation, groups)
+    gemm = conv_gemm.forward(ctx, x, w, bias, stride, padding, dilation, groups)  # x may be lazy
     if gemm is not None:
         return gemm
+    x = ctx.materialize(x)
     shape, dtype = ctx.out_spec()
     k, oc = x.rank - 2, w.shape[0]
     acc_dtype = _acc(dtype)
