@@ -7,8 +7,9 @@ Rules, as in Inductor's scheduler, on the networkx dataflow graph (:mod:`passes.
    ends in an op that reads lazy inputs into its output (``lowering.registry.LAZY_INPUT_OPS``: a
    convolution's padded input, a cat), which then takes it by rule 2.
 2. *Producer fusion* (walking the graph backwards): a pointwise node whose users all sit in one
-   kernel of pointwise or reduction ops joins it, so pointwise chains fuse and reductions get their
-   pointwise prologue. A node used by several kernels stays its own kernel (materialised once
+   kernel of pointwise or reduction ops, or of ops in ``LAZY_INPUT_OPS``, joins it, so pointwise
+   chains fuse, reductions get their pointwise prologue and a cat, a pad or a convolution computes
+   its producers into its (padded) input. A node used by several kernels stays its own kernel (materialised once
    instead of recomputed).
 
 A merge is refused if it would make the kernel graph cyclic or the kernel larger than
