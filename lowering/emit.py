@@ -31,7 +31,8 @@ from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_
                                        tensor_bytes, tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
 from neuron_compile.lowering.lazy import LazyTensor
-from neuron_compile.lowering.registry import fusion_kind, get_lowering, reads_lazy_inputs, rule_file_for
+from neuron_compile.lowering.registry import (LAZY_INPUT_KINDS, fusion_kind, get_lowering, reads_lazy_inputs,
+                                              rule_file_for)
 from neuron_compile.lowering.outputs import live_nodes, plan_outputs
 from neuron_compile.plan import CallPlan, HostOp, TensorSpec
 
@@ -289,7 +290,6 @@ def _fusion_groups(graph: torch.fx.Graph) -> dict[int, tuple[str, ...]]:
     return {k: tuple(v) for k, v in groups.items()}
 
 
-LAZY_INPUT_KINDS = ("pointwise", "reduction")
 KERNEL = "neuron_kernel"  # node.meta keys set by the fusion pass (passes/fuse.py)
 INLINE = "neuron_inline"
 

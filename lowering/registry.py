@@ -95,10 +95,14 @@ LAZY_INPUT_OPS: frozenset = frozenset({torch.ops.aten.cat.default, torch.ops.ate
                                        torch.ops.aten.convolution.default})
 
 
-def reads_lazy_inputs(op: object) -> bool:
+LAZY_INPUT_KINDS = ("pointwise", "reduction")  # fusion kinds whose rules read lazy inputs
+
+
+def reads_lazy_inputs(op: object, kind: str | None = None) -> bool:
     """Whether ``op``'s rule accepts unmaterialised (lazy) inputs: pointwise and reduction rules,
-    and :data:`LAZY_INPUT_OPS`."""
-    return fusion_kind(op) in ("pointwise", "reduction") or op in LAZY_INPUT_OPS
+    and :data:`LAZY_INPUT_OPS`. ``kind``: the op's fusion kind if the caller already decided it
+    (the fusion pass treats ``getitem`` as pointwise and seeded random ops as opaque)."""
+    return (kind or fusion_kind(op)) in LAZY_INPUT_KINDS or op in LAZY_INPUT_OPS
 
 
 def fusion_kind(op: object) -> str:

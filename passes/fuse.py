@@ -34,9 +34,11 @@ EXPENSIVE = {_aten.exp.default, _aten.log.default, _aten.tanh.default, _aten.pow
              _aten.cos.default, _aten.log1p.default, _aten.expm1.default}
 
 
-def _lazy_input_ops() -> frozenset:
-    from neuron_compile.lowering.registry import LAZY_INPUT_OPS
-    return LAZY_INPUT_OPS
+def _reads_lazy(n: torch.fx.Node, kind: str) -> bool:
+    """Whether ``n``'s lowering takes fused (unmaterialised) inputs (``lowering.registry``); with
+    ``kind="opaque"``: only as one of the ``LAZY_INPUT_OPS`` (cat, pad, convolution)."""
+    from neuron_compile.lowering.registry import reads_lazy_inputs
+    return reads_lazy_inputs(n.target, kind)
 
 
 def _kind(n: torch.fx.Node) -> str:
@@ -63,7 +65,6 @@ class Fuse:
         g = dataflow_graph(gm)
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
         kind = {n: _kind(n) for n in nodes}
-        LAZY_INPUT_OPS = _lazy_input_ops()  # noqa: N806 (cat, pad: see lowering.registry)
         for n in nodes:
             n.meta.pop(INLINE, None)
         group = {n: {n} for n in nodes}      # node -> its kernel's member set (shared object)
@@ -90,7 +91,7 @@ class Fuse:
                     break
                 chain.append(u)
                 cur = u
-            if chain and cur not in outputs and all(u.target in LAZY_INPUT_OPS for u in cur.users):
+            if chain and cur not in outputs and all(_reads_lazy(u, "opaque") for u in cur.users):
                 # the epilogue is a loop nest of its own either way: its consumer (the next
                 # convolution's padded input, a cat) computes it straight into its own input (rule 2)
                 continue
@@ -104,7 +105,7 @@ class Fuse:
             users = [u for u in p.users if u.op == "call_function"]
             if not users or len(users) != len(p.users):
                 continue
-            if any(kind[u] not in ("pointwise", "reduction") and u.target not in LAZY_INPUT_OPS for u in users):
+            if not all(_reads_lazy(u, kind[u]) for u in users):
                 continue
             if len({id(group[u]) for u in users}) != 1:
                 if len({id(group[u]) for u in users}) <= self.max_inline_users and p.target not in EXPENSIVE:
