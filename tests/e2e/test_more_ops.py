@@ -374,17 +374,23 @@ def test_separable_pools_in_half_precision_round_once_like_eager(dtype):
 @pytest.mark.parametrize("transposed", [False, True], ids=["conv", "conv_transpose"])
 def test_half_precision_convolutions_accumulate_in_float32(dtype, transposed):
     # a float16/bfloat16 accumulator rounded every product: results and gradients were more than
-    # one ulp off; ATen sums in float32 and rounds once
+    # one ulp off; ATen sums in float32 and rounds once. The reference is the exact (float64) result
+    # on the same half-precision weights and inputs: against the unrounded float64 module, both we
+    # and eager carry the weights' rounding, and whether eager's own error happened to land closer
+    # decided the test (on AMD Zen 5, eager's float16 input gradient is 5 ulp off; ours 0.44)
     torch.manual_seed(0)
     conv = (nn.ConvTranspose2d(4, 5, 3, stride=2, padding=1) if transposed else nn.Conv2d(4, 5, 3, padding=1))
     x64 = torch.randn(2, 4, 6, 6, dtype=torch.float64) * 4
     results = {}
-    for name, dt in (("ours", dtype), ("eager", dtype), ("exact", torch.float64)):
-        m = copy.deepcopy(conv).to(dt)
-        x = x64.to(dt).requires_grad_()
+    for name, dt in (("ours", dtype), ("exact", torch.float64)):
+        m = copy.deepcopy(conv).to(dtype).to(dt)
+        x = x64.to(dtype).to(dt).requires_grad_()
         y = (neuron_compile(m) if name == "ours" else m)(x)
         y.backward(torch.ones_like(y))
         results[name] = [t.detach().double() for t in (y, x.grad, m.weight.grad, m.bias.grad)]
-    for ours, eager, exact in zip(*results.values()):
+        assert name == "exact" or all(t.dtype == dtype for t in (y, x.grad, m.weight.grad))
+    for ours, exact in zip(*results.values()):
+        # one rounding to half precision: within half an ulp, which eps · |exact| bounds with room
+        # for the float32 sum's own error
         ulp = torch.finfo(dtype).eps * exact.abs() + 1e-6
-        assert bool(((ours - exact).abs() <= (eager - exact).abs() + ulp).all())
+        assert bool(((ours - exact).abs() <= ulp).all())
