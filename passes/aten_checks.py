@@ -3,7 +3,7 @@
 Fake-tensor tracing uses meta functions, and some of ATen's checks exist only in the CPU kernels:
 ``torch.mm`` of a float32 and a float64 matrix traces to ``aten.mm`` returning float32, where eager
 raises ``RuntimeError: expected m1 and m2 to have the same dtype``; ``softmax`` of an integer
-tensor and ``fill_(300)`` of a uint8 one return values where eager raises. :func:`check_arguments`
+tensor and ``fill_(300)`` or ``F.pad(value=300)`` of a uint8 one return values where eager raises. :func:`check_arguments`
 calls each such op of the graph (:data:`PROBED`: the matmul family of ``aten/src/ATen/native/Blas.cpp``
 and ``LinearAlgebra.cpp``, softmax, fill; and the ops we decompose whose CPU kernels implement only
 some dtypes, :data:`DTYPE_LIMITED`: special functions, orthogonal polynomials, 3-D average pooling,
@@ -59,10 +59,29 @@ PROBED_METHODS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "ad
 FILLS = frozenset({aten.fill.Scalar, aten.masked_fill.Scalar, torch.full, torch.full_like, torch.fill,
                    torch.masked_fill})
 FILL_METHODS = frozenset({"fill_", "masked_fill", "masked_fill_", "new_full"})
+
+
+def _pad_fill(t: torch.Tensor, pad: object, mode: str = "constant", value: object = None) -> None:
+    """``F.pad``: a constant pad fills its border with ``value`` (``constant_pad_nd`` in
+    ``aten/src/ATen/native/PadNd.cpp`` calls ``fill_``), so the fill's overflow check is probed
+    alone: the pad itself on the probe tensor would reject pad widths the real shape allows."""
+    if mode == "constant" and value is not None:
+        t.new_empty(2).fill_(value)
+
+
+def _constant_pad_fill(t: torch.Tensor, pad: object, value: object = 0) -> None:
+    """``constant_pad_nd(input, pad, value)``: as :func:`_pad_fill`."""
+    t.new_empty(2).fill_(value)
+
+
+PADS = {F.pad: _pad_fill, torch._C._nn.pad: _pad_fill, aten.pad.default: _pad_fill,
+        torch.constant_pad_nd: _constant_pad_fill, aten.constant_pad_nd.default: _constant_pad_fill}
+FILLS = FILLS | frozenset(PADS)
 # Targets whose probe is not the op itself on the probe tensors: sizes become (2,)
 PROBE_WITH = {
     torch.full: lambda size, value, *a, **k: torch.full((2,), value, *a, **k),
     "new_full": lambda t, size, value, *a, **k: t.new_full((2,), value, *a, **k),
+    **PADS,
 }
 
 
@@ -94,7 +113,7 @@ def check_arguments(gm: torch.fx.GraphModule) -> None:
         fill = n.target in FILL_METHODS | FILLS
         shaped = n.target in SHAPED
         args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: _probe(a, fill, shaped))
-        if any(isinstance(a, torch.fx.Node) for a in args):
+        if any(isinstance(a, torch.fx.Node) for a in (*args, *kwargs.values())):
             continue  # an argument without a recorded value: nothing to probe with
         with unset_fake_temporarily():
             try:
