@@ -98,6 +98,15 @@ class SequenceWriter:
         self(f"{main}, {rem} = transform.loop.peel {c} : ({FOR}) -> ({ANY}, {ANY})")
         return main, rem
 
+    def stack_buffer(self, h: str) -> None:
+        """Bufferize ``h``'s destination operands into ``memref.alloca`` buffers right away
+        (``bufferize_to_allocation``): a temporary inside a loop costs no ``malloc``/``free`` per
+        iteration. Only for loop bodies that ``convert-scf-to-openmp`` wraps in a
+        ``memref.alloca_scope`` (an ``scf.forall`` body: the stack is restored every iteration)."""
+        b, n = self.fresh("buf"), self.fresh("new")
+        self(f'{b}, {n} = transform.structured.bufferize_to_allocation {h} '
+             f'{{alloc_op = "memref.alloca", bufferize_destination_only}} : {ANY}')
+
     def annotate(self, h: str, name: str, value: int) -> None:
         p = self.fresh("p")
         self(f"{p} = transform.param.constant {value} : i64 -> !transform.param<i64>")

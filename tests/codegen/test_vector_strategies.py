@@ -156,6 +156,34 @@ def test_row_chains_fuse_into_one_pass(case):
     assert torch.equal(one, two)
 
 
+def _fused_rows_params(fn, *args, target=AVX2):
+    _, lowered = lower(fn, *args)
+    plan = plan_codegen(lowered.kernels, target, uses=lowered.value_uses)
+    (params,) = {json.dumps(s.params, sort_keys=True) for s in plan.schedules if s.strategy == "fused-rows"}
+    return json.loads(params)
+
+
+def test_row_blocks_are_small_with_stack_temporaries_where_they_fit():
+    # softmax 4096x1024 float32: max, exp, sum, divide write 8 KB a row; an eighth of a 1 MB L2 is
+    # 16 rows, whose temporaries (the exp rows and two per-row scalars: 64 KB) go on the stack
+    zen5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20)
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 1024), target=zen5)
+    assert (p["rows"], p.get("stack")) == (16, True)
+    # rows of 40,000 floats: one row's exp temporary alone is 160 KB, over the stack budget: blocks
+    # sized to half of L2 on the heap, as before (one row: 320 KB of row outputs in a 1 MB L2)
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 40000), target=zen5)
+    assert (p["rows"], p.get("stack")) == (1, None)
+
+
+@pytest.mark.parametrize("shape", [(64, 40000), (256, 1024), (12, 777)])
+def test_row_chains_are_exact_with_stack_or_heap_temporaries(shape):
+    fn = lambda x: torch.log_softmax(x, -1) * x.softmax(-1)  # noqa: E731
+    x = torch.randn(*shape) * 4
+    one, two = _run_both_thread_counts(fn, x)
+    _close_to_reference(one, fn, (x,))
+    assert torch.equal(one, two)
+
+
 def test_a_chain_whose_intermediate_escapes_is_not_fused():
     # the max is also returned: fusing would need the whole max before the block finishes
     fn = lambda x: (x.softmax(-1), x.amax(-1))  # noqa: E731

@@ -3,8 +3,8 @@ variance, normalize) run as one pass over blocks of rows.
 
 Each kernel of such a chain reads whole rows that the previous ones produced; run one after
 another, every kernel streams the whole tensor from DRAM again. Here the last kernel is tiled into
-an ``scf.forall`` over blocks of rows sized to keep the block's row-sized intermediates in half of
-L2, and the producers (with their ``linalg.fill`` inits) are fused into it, last first, with CSE
+an ``scf.forall`` over blocks of rows (:func:`block_plan`: small blocks with their temporaries on
+the stack where they fit), and the producers (with their ``linalg.fill`` inits) are fused into it, last first, with CSE
 between steps so a value two consumers read is computed once (``fuse_into_containing_op``); each
 op then gets its own vector schedule inside the block (:mod:`.vector`). The input is read from
 DRAM once, and intermediates never leave the cache (Inductor's row-wise reductions and ATen's
@@ -27,6 +27,7 @@ from neuron_compile.codegen.strategies import vector
 from neuron_compile.codegen.transform import VECTOR_CLEANUP, SequenceWriter
 
 _INNER = {"pointwise": vector.Pointwise(), "row-reduction": vector.RowReduction()}
+STACK_BYTES = 128 << 10  # a block's temporaries on the stack: far below any thread's stack (MBs)
 
 
 def _row_kernel(k: KernelInfo) -> bool:
@@ -66,13 +67,34 @@ def find_groups(kernels: Sequence[KernelInfo], uses: Mapping[str, int], skip: se
     return groups
 
 
-def block_rows(group: Sequence[KernelInfo], target: TargetInfo) -> int:
-    """Rows per forall iteration: the block's row-sized intermediates fill about half of L2, and
-    the block count divides the rows (static tiles) with enough blocks for the threads."""
-    row_bytes = sum(math.prod(o.shape[1:]) * o.dtype.itemsize for k in group for o in k.outputs if len(o.shape) > 1)
+def _row_bytes(kernels: Sequence[KernelInfo]) -> int:
+    return sum(math.prod(o.shape[1:]) * o.dtype.itemsize for k in kernels for o in k.outputs if len(o.shape) > 1)
+
+
+def _divisor_at_most(n: int, want: int) -> int:
+    return next(b for b in range(max(1, min(want, n)), 0, -1) if n % b == 0)
+
+
+def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bool]:
+    """(rows per forall iteration, whether the block's temporaries live on the stack).
+
+    Small blocks first: the chain's row outputs fill an eighth of L2 and the temporaries (every
+    member's outputs but the last's) go on the stack, at most :data:`STACK_BYTES`. Then the
+    hardware prefetcher streams the next rows while a block is computed, which a large block
+    defeats (its first pass alone reads from memory, its exp pass alone computes), and no block
+    pays a ``malloc`` and ``free`` for its temporaries. Measured on Zen 5, 1 thread, input read
+    from memory, ours/eager in one process: softmax 4096×1024 0.87–0.92 → 0.96–0.99 (16 rows),
+    layer_norm 1.22 → 1.33 (32 rows); a C model of the softmax kernel: 64-row blocks 1.52 ms,
+    one row 1.19. Rows whose temporaries do not fit: blocks whose row outputs fill half of L2, on
+    the heap, as before. The block count always divides the rows (static tiles), with at least
+    four blocks for the threads."""
     n = group[0].ranges[0]
-    want = max(1, min(n // 4 or 1, target.l2_bytes // 2 // max(1, row_bytes)))
-    return next(b for b in range(want, 0, -1) if n % b == 0)
+    row = max(1, _row_bytes(group))
+    temps = _row_bytes(group[:-1])
+    rows = _divisor_at_most(n, min(n // 4 or 1, target.l2_bytes // 8 // row))
+    if rows * temps <= STACK_BYTES:
+        return rows, True
+    return _divisor_at_most(n, min(n // 4 or 1, target.l2_bytes // 2 // row)), False
 
 
 def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping[str, int],
@@ -80,9 +102,12 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
     """The ``fused-rows`` schedule of every kernel in a qualifying chain (pure)."""
     out = {}
     for group in find_groups(kernels, uses, skip):
-        params: dict[str, Any] = {"group": [k.id for k in group], "rows": block_rows(group, target),
+        rows, stack = block_plan(group, target)
+        params: dict[str, Any] = {"group": [k.id for k in group], "rows": rows,
                                   "steps": {str(k.id): vector.step(k, target) for k in group},
                                   "members": [k.to_json() for k in group]}
+        if stack:
+            params["stack"] = True
         if streaming.streams(group, target):
             params["stream"] = True
         for k in group:
@@ -121,6 +146,17 @@ class FusedRows:
             loop = w.fuse_into(fills[m.id], loop)
         w.canonicalize(loop)
         w(f"transform.apply_cse to {loop} : !transform.any_op")
+        if s.params.get("stack"):
+            for m in members[:-1]:  # each member's output buffer: its fill's, else its own
+                h = w.match_kernel(m.id, loop)
+                if m.fill_inits and all(m.fill_inits):
+                    for j in range(len(m.fill_inits)):
+                        p = w.fresh("fill")
+                        w(f"{p} = transform.get_producer_of_operand {h}[{len(m.inputs) + j}] "
+                          f": (!transform.any_op) -> !transform.any_op")
+                        w.stack_buffer(p)
+                else:
+                    w.stack_buffer(h)
         for m in members:
             ext = [rows] + list(m.ranges[1:])
             strategy = _INNER[vector.classify(m)]
