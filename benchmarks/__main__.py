@@ -128,14 +128,15 @@ def print_table(records: list[dict[str, Any]]) -> None:
             print(f"{'':<36}     {b} failed: {e}")
 
 
-def plot(records: list[dict[str, Any]], path: Path) -> None:
+def plot(records: list[dict[str, Any]], path: Path) -> bool:
+    """The ratio bar chart at ``path``; False (and a message) without matplotlib (the dev extra)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[dev]'); no chart written", file=sys.stderr)
-        return
+        return False
     threads = sorted({r["threads"] for r in records})
     names = list(dict.fromkeys(r["workload"] for r in records))
     fig, ax = plt.subplots(figsize=(10, 0.32 * len(names) + 1.5))
@@ -151,6 +152,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def steady_malloc() -> str:
@@ -182,12 +184,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of timed rounds per workload (at least)")
     ap.add_argument("--out", default=".", help="directory for benchmarks.json and benchmarks.png")
     args = ap.parse_args(argv)
+    # arguments checked, and the output directory made, before minutes of measuring
+    if any(t < 1 for t in args.threads):
+        ap.error(f"--threads takes positive thread counts, got {args.threads}")
+    if args.min_rounds < 1:
+        ap.error(f"--min-rounds must be at least 1, got {args.min_rounds}")
+    if not args.budget >= 0:  # (also rejects nan)
+        ap.error(f"--budget must be a number of seconds >= 0, got {args.budget}")
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        ap.error(f"--out {args.out}: cannot make the output directory ({exc.strerror})")
     malloc = steady_malloc()
     os.environ.setdefault("NEURON_CACHE_DIR", tempfile.mkdtemp(prefix="bench-neuron-cache-"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-cache-"))
     torch._inductor.config.fx_graph_cache = False  # Inductor compiles cold too (it bakes thread counts in)
     chosen = [w for w in workloads() if (not args.only or any(o in w.name for o in args.only))
               and not (args.skip_heavy and w.heavy)]
+    if not chosen:
+        ap.error("no workload matches --only " + " ".join(args.only or []) + " (with --skip-heavy: " +
+                 str(args.skip_heavy) + "); workloads: " + ", ".join(w.name for w in workloads()))
     records = []
     for t in args.threads:
         for w in chosen:
@@ -195,12 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             records.append(rec)
             print_table([rec])
     print_table(records)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "cpu": _cpu(), "malloc": malloc, "records": records}
     (out / "benchmarks.json").write_text(json.dumps(meta, indent=1))
-    plot(records, out / "benchmarks.png")
-    print(f"\nwrote {out / 'benchmarks.json'} and {out / 'benchmarks.png'}")
+    charted = plot(records, out / "benchmarks.png")
+    print(f"\nwrote {out / 'benchmarks.json'}" + (f" and {out / 'benchmarks.png'}" if charted else ""))
     return 0
 
 
