@@ -71,10 +71,6 @@ def _row_bytes(kernels: Sequence[KernelInfo]) -> int:
     return sum(math.prod(o.shape[1:]) * o.dtype.itemsize for k in kernels for o in k.outputs if len(o.shape) > 1)
 
 
-def _divisor_at_most(n: int, want: int) -> int:
-    return next(b for b in range(max(1, min(want, n)), 0, -1) if n % b == 0)
-
-
 def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bool]:
     """(rows per forall iteration, whether the block's temporaries live on the stack).
 
@@ -91,10 +87,10 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bo
     n = group[0].ranges[0]
     row = max(1, _row_bytes(group))
     temps = _row_bytes(group[:-1])
-    rows = _divisor_at_most(n, min(n // 4 or 1, target.l2_bytes // 8 // row))
+    rows = vector.divisor_tile(n, max(1, min(n // 4 or 1, target.l2_bytes // 8 // row)))
     if rows * temps <= STACK_BYTES:
         return rows, True
-    return _divisor_at_most(n, min(n // 4 or 1, target.l2_bytes // 2 // row)), False
+    return vector.divisor_tile(n, max(1, min(n // 4 or 1, target.l2_bytes // 2 // row))), False
 
 
 def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping[str, int],

@@ -107,7 +107,7 @@ def step(k: KernelInfo, target: TargetInfo, unroll: int | None = None) -> int:
     return e
 
 
-def _divisor_tile(n: int, want: int, quantum: int = 1) -> int:
+def divisor_tile(n: int, want: int, quantum: int = 1) -> int:
     """The largest multiple of ``quantum`` that divides ``n`` and is at most ``want`` (0 if
     none): every forall tile is then full and static (a partial last tile made every inner tile
     dynamic, which needs masks and failed to vectorize in places)."""
@@ -126,7 +126,7 @@ def _forall_over(k: KernelInfo, dims: list[int], elems_per_unit: int) -> list[in
         d = dims[0]
         n = k.ranges[d]
         chunks = max(1, min(n, CHUNKS, (n * elems_per_unit) // MIN_CHUNK))
-        sizes[d] = _divisor_tile(n, math.ceil(n / chunks))
+        sizes[d] = divisor_tile(n, math.ceil(n / chunks))
         if sizes[d] >= n:
             sizes[d] = 0
     return sizes
@@ -208,7 +208,7 @@ class Pointwise(_VectorStrategy):
         sizes = [0] * nd  # one long dim: chunks of whole vector steps
         n, vl = k.ranges[c], lanes(k, target)
         chunks = max(1, min(CHUNKS, n // max(MIN_CHUNK, vl)))
-        sizes[c] = _divisor_tile(n, math.ceil(n / chunks), 4 * vl)
+        sizes[c] = divisor_tile(n, math.ceil(n / chunks), 4 * vl)
         if sizes[c] >= n:
             sizes[c] = 0
         return sizes
@@ -298,7 +298,7 @@ class ColumnReduction(_VectorStrategy):
         c, e = k.contiguous_dim, step(k, target)
         sizes = [0] * len(k.ranges)
         n_c = k.ranges[c]
-        block = _divisor_tile(n_c, BLOCK, e)
+        block = divisor_tile(n_c, BLOCK, e)
         if 0 < block < n_c:
             sizes[c] = block
         for d, it in enumerate(k.iterators):
@@ -355,7 +355,7 @@ class CopyRows:
         d = outer[0]
         chunks = max(1, min(shape[d], CHUNKS, math.prod(shape) // MIN_CHUNK))
         forall = [0] * len(shape)
-        forall[d] = _divisor_tile(shape[d], math.ceil(shape[d] / chunks))
+        forall[d] = divisor_tile(shape[d], math.ceil(shape[d] / chunks))
         return Schedule(self.name, {"forall": forall})
 
     def transform(self, k: KernelInfo, s: Schedule) -> str:
