@@ -86,11 +86,13 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bo
     four blocks for the threads."""
     n = group[0].ranges[0]
     row = max(1, _row_bytes(group))
-    temps = _row_bytes(group[:-1])
-    rows = vector.divisor_tile(n, max(1, min(n // 4 or 1, target.l2_bytes // 8 // row)))
-    if rows * temps <= STACK_BYTES:
+
+    def rows_filling(l2_share: int) -> int:  # rows whose outputs fill 1/l2_share of L2
+        return vector.divisor_tile(n, max(1, min(n // 4 or 1, target.l2_bytes // l2_share // row)))
+    rows = rows_filling(8)
+    if rows * _row_bytes(group[:-1]) <= STACK_BYTES:
         return rows, True
-    return vector.divisor_tile(n, max(1, min(n // 4 or 1, target.l2_bytes // 2 // row))), False
+    return rows_filling(2), False
 
 
 def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping[str, int],
@@ -146,10 +148,7 @@ class FusedRows:
             for m in members[:-1]:  # each member's output buffer: its fill's, else its own
                 h = w.match_kernel(m.id, loop)
                 if m.fill_inits and all(m.fill_inits):
-                    for j in range(len(m.fill_inits)):
-                        p = w.fresh("fill")
-                        w(f"{p} = transform.get_producer_of_operand {h}[{len(m.inputs) + j}] "
-                          f": (!transform.any_op) -> !transform.any_op")
+                    for p in w.init_producers(h, len(m.inputs), m.fill_inits):
                         w.stack_buffer(p)
                 else:
                     w.stack_buffer(h)
