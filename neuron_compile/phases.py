@@ -59,8 +59,8 @@ INLINE = "inline,symbol-dce"
 
 
 def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequence[str]] | None = None,
-                   eliminate_empty: bool = True) -> str:
-    """The ``linalg`` → ``llvm`` pass pipeline string.
+                   eliminate_empty: bool = True, split: bool = False) -> list[str]:
+    """The ``linalg`` → ``llvm`` pass pipeline: one pipeline string, or two when ``split``.
 
     Args:
         library: the graph's transform library (:func:`neuron_compile.codegen.library.build_library`),
@@ -69,6 +69,10 @@ def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequenc
             appears once).
         eliminate_empty: write graph outputs in place (``False`` when one value initialises two
             ops, which eliminate-empty-tensors miscompiles: ``unique``'s scatters, measured).
+        split: end the first pipeline after the :attr:`Slot.PRE_LLVM` fragments, where the
+            scheduled kernels are vector loads and stores in ``scf`` loops, and start the second
+            with the :attr:`Slot.PARALLEL` ones; a text rewrite of the IR runs in between
+            (:mod:`neuron_compile.codegen.prefetch`).
     """
     fragments = fragments or {}
 
@@ -78,5 +82,8 @@ def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequenc
     # before eliminate-empty-tensors, which must see the graph's outputs and the kernels together
     head = TRANSFORM.format(library=library) + f",{INLINE}," if library else ""
     first = f"{ELIMINATE_EMPTY}," if eliminate_empty else ""
-    return (f"builtin.module({head}{first}{TENSOR_OPT},{BUFFERIZE},{slot(Slot.POST_BUFFERIZE)}{LOOPS},"
-            f"{slot(Slot.PRE_LLVM)}{TO_LLVM})")
+    before = f"{head}{first}{TENSOR_OPT},{BUFFERIZE},{slot(Slot.POST_BUFFERIZE)}{LOOPS},{slot(Slot.PRE_LLVM)}"
+    after = f"{slot(Slot.PARALLEL)}{TO_LLVM}"
+    if split:
+        return [f"builtin.module({before.rstrip(',')})", f"builtin.module({after})"]
+    return [f"builtin.module({before}{after})"]

@@ -27,6 +27,8 @@ class CodegenPlan:
             when one value initialises two ops (:attr:`LoweredGraph.shares_inits`).
         groups: the kernel ids each transform sequence schedules, outlined into one function
             each while the schedules run (:mod:`neuron_compile.codegen.outline`).
+        prefetch: some schedule marks a loop for :func:`neuron_compile.codegen.prefetch.rewrite`
+            (the ``linalg`` → ``llvm`` pipeline then runs in two stages around it).
     """
 
     kernels: list[KernelInfo]
@@ -36,6 +38,7 @@ class CodegenPlan:
     fragments: dict[Slot, list[str]] = field(default_factory=dict)
     in_place_outputs: bool = True
     groups: list[list[int]] = field(default_factory=list)
+    prefetch: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target.to_json(), "in_place_outputs": self.in_place_outputs,
@@ -72,7 +75,8 @@ def _apply(kernels: list[KernelInfo], schedules: list[Schedule], target: TargetI
     library, groups = build_library(kernels, schedules)
     if streaming.ENTRY in library:  # first after bufferization: it matches the kernels' scf.forall
         fragments.setdefault(Slot.POST_BUFFERIZE, []).insert(0, streaming.INTERPRETER)
-    return CodegenPlan(kernels, schedules, target, library, fragments, in_place_outputs, groups)
+    return CodegenPlan(kernels, schedules, target, library, fragments, in_place_outputs, groups,
+                       prefetch=any("prefetch" in s.params for s in schedules))
 
 
 __all__ = ["CodegenPlan", "KernelInfo", "Schedule", "Slot", "TargetInfo", "plan_codegen", "plan_from_json"]

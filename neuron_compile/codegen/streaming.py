@@ -13,7 +13,9 @@ The decision is data (the ``stream`` parameter of a ``pointwise`` or ``fused-row
 applying it is a transform sequence run after bufferization (:data:`ENTRY`), where the kernel's
 vector writes have become ``vector.store`` into a ``memref.subview`` of its output buffer: those
 get ``nontemporal = true`` (lowered to ``!nontemporal`` stores by ``convert-vector-to-llvm``).
-Stores into whole temporaries (a fused chain's per-row means) are not subviews and stay normal.
+Stores into whole temporaries (a fused chain's per-row means) are not subviews and stay normal;
+nor are stores into a slice of a stack temporary (``memref.alloca``: a fused chain's block, which
+the next member reads from cache).
 No alignment is claimed: LLVM emits ``vmovntps`` where it can prove 32-byte alignment and splits
 the store into 8-byte non-temporal pieces (``movntsd``, SSE4A) otherwise, which cannot fault.
 """
@@ -61,14 +63,25 @@ def sequence(root_ids: Iterable[int]) -> str:
                     f"    transform.apply_patterns to %l{i} {{\n"
                     f"      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1\n"
                     f"    }} : {ANY}\n"
-                    f"    %s{i} = transform.foreach_match in %l{i} @neuron_output_store -> @neuron_stream_store "
-                    f": ({ANY}) -> {ANY}")
+                    f"    %s{i} = transform.foreach_match in %l{i} @neuron_stack_store -> @neuron_keep_store, "
+                    f"@neuron_output_store -> @neuron_stream_store : ({ANY}) -> {ANY}")
     return (f"  transform.named_sequence @neuron_output_store(%s: {ANY} {{transform.readonly}}) -> {ANY} {{\n"
             f'    transform.match.operation_name %s ["vector.store"] : {ANY}\n'
             f"    %base = transform.get_operand %s[1] : ({ANY}) -> !transform.any_value\n"
             f"    %def = transform.get_defining_op %base : (!transform.any_value) -> {ANY}\n"
             f'    transform.match.operation_name %def ["memref.subview"] : {ANY}\n'
             f"    transform.yield %s : {ANY}\n  }}\n"
+            f"  transform.named_sequence @neuron_stack_store(%s: {ANY} {{transform.readonly}}) -> {ANY} {{\n"
+            f'    transform.match.operation_name %s ["vector.store"] : {ANY}\n'
+            f"    %base = transform.get_operand %s[1] : ({ANY}) -> !transform.any_value\n"
+            f"    %def = transform.get_defining_op %base : (!transform.any_value) -> {ANY}\n"
+            f'    transform.match.operation_name %def ["memref.subview"] : {ANY}\n'
+            f"    %src = transform.get_operand %def[0] : ({ANY}) -> !transform.any_value\n"
+            f"    %buf = transform.get_defining_op %src : (!transform.any_value) -> {ANY}\n"
+            f'    transform.match.operation_name %buf ["memref.alloca"] : {ANY}\n'
+            f"    transform.yield %s : {ANY}\n  }}\n"
+            f"  transform.named_sequence @neuron_keep_store(%s: {ANY} {{transform.readonly}}) {{\n"
+            f"    transform.yield\n  }}\n"
             f"  transform.named_sequence @neuron_stream_store(%s: {ANY} {{transform.readonly}}) {{\n"
             f"    %t = transform.param.constant true -> !transform.any_param\n"
             f'    transform.annotate %s "nontemporal" = %t : {ANY}, !transform.any_param\n'

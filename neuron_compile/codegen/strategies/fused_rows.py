@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar, Mapping, Sequence
 
-from neuron_compile.codegen import streaming
+from neuron_compile.codegen import prefetch, streaming
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import Schedule, Slot, TargetInfo
 from neuron_compile.codegen.strategies import vector
@@ -95,6 +95,24 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bo
     return rows_filling(2), False
 
 
+def prefetch_member(group: Sequence[KernelInfo], rows: int, target: TargetInfo) -> int | None:
+    """The member whose row loop prefetches the next block (:mod:`neuron_compile.codegen.prefetch`),
+    or ``None``: the first member to re-read a graph input (strides known) that is indexed by row
+    (``d0`` first, rank ≥ 2) and larger than L2, i.e. one the first pass streams from memory and the
+    next block will stream again. Blocks of one row have no row loop to mark."""
+    if rows < 2:
+        return None
+    made = {r for k in group for r in k.results}
+    readers: dict[str, list[int]] = {}
+    for k in group:
+        for o in k.inputs:
+            if o.value not in made and o.strides is not None and len(o.shape) >= 2 and o.exprs[:1] == ("d0",) \
+                    and o.nbytes > target.l2_bytes and k.id not in readers.get(o.value, ()):
+                readers.setdefault(o.value, []).append(k.id)
+    second = [ids[1] for ids in readers.values() if len(ids) > 1]
+    return min(second) if second else None
+
+
 def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping[str, int],
                 skip: set[int] = frozenset()) -> dict[int, Schedule]:
     """The ``fused-rows`` schedule of every kernel in a qualifying chain (pure)."""
@@ -108,6 +126,9 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
             params["stack"] = True
         if streaming.streams(group, target):
             params["stream"] = True
+        ahead = prefetch_member(group, rows, target)
+        if ahead is not None:
+            params["prefetch"] = ahead
         for k in group:
             out[k.id] = Schedule(FusedRows.name, params)
     return out
@@ -154,6 +175,11 @@ class FusedRows:
                     w.stack_buffer(h)
         for m in members:
             ext = [rows] + list(m.ranges[1:])
+            h = w.match_kernel(m.id, loop)
+            if m.id == s.params.get("prefetch"):  # its own row loop, marked for the prefetch rewrite
+                h, (row_loop,) = w.tile_for(h, [1] + [0] * (len(m.ranges) - 1))
+                w.annotate(row_loop, prefetch.MARK, rows)
+                ext[0] = 1
             strategy = _INNER[vector.classify(m)]
-            strategy.inner(w, m, int(s.params["steps"][str(m.id)]), w.match_kernel(m.id, loop), ext, loop)
+            strategy.inner(w, m, int(s.params["steps"][str(m.id)]), h, ext, loop)
         return w.text()

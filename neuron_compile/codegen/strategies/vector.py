@@ -55,8 +55,8 @@ _BITS = {"float64": 64, "int64": 64, "float32": 32, "int32": 32, "float16": 16, 
 # OpenMP's outlined bodies need memref.alloca_scope lowered before scf → cf (toolchain trap 9).
 FRAGMENTS: Mapping[Slot, str] = {
     Slot.POST_BUFFERIZE: "func.func(scf-forall-to-parallel)",
-    Slot.PRE_LLVM: ("convert-vector-to-scf{full-unroll=true},canonicalize,cse,convert-scf-to-openmp,"
-                    f"expand-strided-metadata,lower-affine,{MEMREF_TO_LLVM}"),
+    Slot.PRE_LLVM: "convert-vector-to-scf{full-unroll=true},canonicalize,cse",
+    Slot.PARALLEL: f"convert-scf-to-openmp,expand-strided-metadata,lower-affine,{MEMREF_TO_LLVM}",
 }
 
 

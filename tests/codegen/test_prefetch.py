@@ -1,0 +1,139 @@
+"""Software prefetch of the next row block in ``fused-rows`` kernels (neuron_compile.codegen.prefetch).
+
+The decision is pure (which member re-reads a graph input first, only when that input exceeds L2
+and blocks have rows); the rewrite is a text pass whose output ``mlir-opt`` must accept; applied,
+a prefetch must change no bit (the same results as without it, at 1 and 2 threads, on shapes
+whose rows the vector step does not divide) and must stay inside the input (clamped last block)."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.cache import clear_memory_cache
+from neuron_compile.codegen import TargetInfo, plan_codegen
+from neuron_compile.codegen.prefetch import MARK, rewrite
+from neuron_compile.target import HostCPU
+from neuron_compile.toolchain import tool
+from tests.conftest import neuron_compile
+from tests.ir.lower import lower
+
+ZEN5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20, l1_bytes=48 << 10, l1_ways=12, llc_bytes=32 << 20,
+                  sse4a=True)
+
+
+def _fused_params(fn, *args, target=ZEN5):
+    _, lowered = lower(fn, *args)
+    plan = plan_codegen(lowered.kernels, target, uses=lowered.value_uses)
+    params = [s.params for s in plan.schedules if s.strategy == "fused-rows"]
+    assert params, "expected a fused-rows chain"
+    return lowered.kernels, params[0]
+
+
+def test_the_first_member_to_reread_a_large_graph_input_prefetches():
+    x = torch.empty(4096, 1024)  # 16 MiB > 1 MiB of L2
+    kernels, p = _fused_params(lambda x: x.softmax(-1), x)
+    # max (reads x), exp (reads x again: the prefetching member), sum, divide
+    readers = [k.id for k in kernels if any(o.strides is not None for o in k.inputs)]
+    assert p["group"] == [k.id for k in kernels] and readers[:2] == p["group"][:2]
+    assert p["prefetch"] == readers[1]
+    _, p = _fused_params(lambda x, w, b: F.layer_norm(x, (1024,), w, b), x, torch.empty(1024), torch.empty(1024))
+    assert p["prefetch"] == p["group"][1]   # mean, then variance re-reads x
+
+
+def test_no_prefetch_when_the_input_fits_in_l2_or_is_an_intermediate_or_blocks_are_single_rows():
+    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(128, 1024))  # 512 KiB: in L2
+    assert "prefetch" not in p
+    # the scores come from a matmul in the same graph: an intermediate, not read from memory twice
+    _, p = _fused_params(lambda a, b: (a @ b).softmax(-1), torch.empty(4096, 64), torch.empty(64, 1024))
+    assert "prefetch" not in p
+    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(8, 40000))  # one row per block
+    assert p["rows"] == 1 and "prefetch" not in p
+
+
+VECTOR_IR = """module {
+  func.func @k(%arg0: memref<64x1000xf32> {llvm.noalias}, %arg1: memref<64x1000xf32> {llvm.noalias}) {
+    %c0 = arith.constant 0 : index
+    %c1 = arith.constant 1 : index
+    %c4 = arith.constant 4 : index
+    %c32 = arith.constant 32 : index
+    %c992 = arith.constant 992 : index
+    %alloca = memref.alloca() : memref<4x1000xf32>
+    scf.for %arg2 = %c0 to %c4 step %c1 {
+      scf.for %arg3 = %c0 to %c992 step %c32 {
+        %0 = vector.load %arg0[%arg2, %arg3] : memref<64x1000xf32>, vector<32xf32>
+        %1 = vector.load %alloca[%arg2, %arg3] : memref<4x1000xf32>, vector<32xf32>
+        %2 = arith.addf %0, %1 : vector<32xf32>
+        vector.store %2, %arg1[%arg2, %arg3] : memref<64x1000xf32>, vector<32xf32>
+      }
+    } {neuron.prefetch = 4 : i64}
+    scf.for %arg2 = %c0 to %c4 step %c1 {
+      %3 = vector.load %arg0[%arg2, %c0] : memref<64x1000xf32>, vector<32xf32>
+      vector.store %3, %arg1[%arg2, %c0] : memref<64x1000xf32>, vector<32xf32>
+    }
+    return
+  }
+}
+"""
+
+
+def test_rewrite_prefetches_argument_loads_in_marked_loops_one_per_line():
+    out = rewrite(VECTOR_IR)
+    prefetches = [ln.strip() for ln in out.splitlines() if "memref.prefetch" in ln]
+    # a vector of 32 floats spans two 64-byte lines; only the argument's load in the marked loop
+    assert len(prefetches) == 2
+    assert all(p.startswith("memref.prefetch %arg0[%neuron_pf0_r, ") for p in prefetches)
+    assert "arith.minsi %neuron_pf0_s, %neuron_pf0_last" in out and "arith.constant 63 : index" in out
+    assert out.count(MARK) == VECTOR_IR.count(MARK) and rewrite(out.replace(MARK, "x")) == out.replace(MARK, "x")
+    # mlir-opt parses and verifies the result, and lowers it to the LLVM dialect
+    r = subprocess.run([tool("mlir-opt"), "-", "--pass-pipeline=builtin.module(expand-strided-metadata,"
+                        "finalize-memref-to-llvm,convert-scf-to-cf,convert-vector-to-llvm,convert-arith-to-llvm,"
+                        "convert-cf-to-llvm,convert-func-to-llvm,reconcile-unrealized-casts)"],
+                       input=out, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("llvm.intr.prefetch") == 2
+
+
+def test_rewrite_leaves_unmarked_text_alone():
+    text = VECTOR_IR.replace(" {neuron.prefetch = 4 : i64}", "")
+    assert rewrite(text) == text
+
+
+CASES = {
+    "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(64, 1000) * 3,)),
+    "log-softmax": (lambda x: torch.log_softmax(x, -1), (torch.randn(96, 1003) * 3,)),
+    "layer-norm": (lambda x, w, b: F.layer_norm(x, (768,), w, b), (torch.randn(128, 768), torch.randn(768),
+                                                                    torch.randn(768))),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_prefetching_kernels_change_no_bit(case, tmp_path, monkeypatch):
+    fn, args = CASES[case]
+    # an L2 of 128 KiB: blocks of a few rows and inputs larger than L2, so the chains prefetch;
+    # without prefetch: the same target with the prefetch decision switched off
+    small_l2 = dataclasses.replace(ZEN5, l2_bytes=128 << 10)
+    monkeypatch.setattr(HostCPU, "info", lambda self: small_l2)
+    import neuron_compile.codegen.strategies.fused_rows as fused_rows
+    with monkeypatch.context() as m:
+        m.setattr(fused_rows, "prefetch_member", lambda *a: None)
+        plain = neuron_compile(fn, options={"cache": False})(*args)
+    torch._dynamo.reset()
+    clear_memory_cache()  # the same cache key: the decision is a pure function of what the key holds
+    compiled = neuron_compile(fn, options={"cache": False, "dump_dir": str(tmp_path)})
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = compiled(*args)
+        torch.set_num_threads(2)
+        two = compiled(*args)
+    finally:
+        torch.set_num_threads(old)
+    (rewritten,) = tmp_path.glob("*/work/kernel.prefetch.mlir")
+    assert "memref.prefetch" in rewritten.read_text()
+    assert torch.equal(one, plain) and torch.equal(two, plain)
+    reference = fn(*[a.double() for a in args]).float()
+    torch.testing.assert_close(one, reference, rtol=1e-5, atol=1e-5)
