@@ -4,10 +4,10 @@ A ``fused-rows`` kernel runs its chain block by block: the first member that rea
 max) streams the block's rows from memory, the later ones re-read them from L2 and compute (the
 exponentials). Nothing fetches block b+1 while block b computes, so the memory time and the compute
 time add up; ATen's loop over single rows leaves the hardware prefetcher to stream the next rows
-meanwhile. Measured on Zen 5 (softmax 4096×1024 float32, 1 thread, each backend its own input, as
-``python -m benchmarks`` runs it): 16-row blocks 2.05 ms against eager's 1.87; with this prefetch
-1.57 against 1.79 (2 threads: 1.15 → 0.87 against 0.99 → 0.91); a C model of the kernel agreed
-(64-row blocks 1.52 → 1.24 ms).
+meanwhile. Measured on Zen 5 (softmax 4096×1024 float32, each backend its own input, as
+``python -m benchmarks`` runs it; one build and eager per process): 16-row blocks 2.17 ms against
+eager's 1.85 at 1 thread, 1.06 against 0.95 at 2; with this prefetch 1.60 against 1.85, 0.91 against
+0.99. A C model of the kernel agreed (64-row blocks 1.52 → 1.24 ms).
 
 The schedule decides (``prefetch`` in a ``fused-rows`` schedule, :func:`~neuron_compile.codegen.
 strategies.fused_rows.plan_groups`) and marks the row loop of the member that re-reads the input

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from neuron_compile.cache import clear_memory_cache
-from neuron_compile.codegen import TargetInfo, plan_codegen
+from neuron_compile.codegen import Slot, TargetInfo, plan_codegen
 from neuron_compile.codegen.prefetch import MARK, rewrite
 from neuron_compile.target import HostCPU
 from neuron_compile.toolchain import tool
@@ -137,3 +137,14 @@ def test_prefetching_kernels_change_no_bit(case, tmp_path, monkeypatch):
     assert torch.equal(one, plain) and torch.equal(two, plain)
     reference = fn(*[a.double() for a in args]).float()
     torch.testing.assert_close(one, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_the_two_stages_run_exactly_the_passes_of_the_one_pipeline():
+    from neuron_compile.codegen.strategies.vector import FRAGMENTS
+    from neuron_compile.phases import linalg_to_llvm
+    fragments = {slot: [f] for slot, f in FRAGMENTS.items()}
+    (whole,) = linalg_to_llvm(None, fragments)
+    first, second = linalg_to_llvm(None, fragments, split=True)
+    inner = lambda p: p[len("builtin.module("):-1]  # noqa: E731
+    assert f"builtin.module({inner(first)},{inner(second)})" == whole
+    assert inner(first).endswith(FRAGMENTS[Slot.PRE_LLVM]) and inner(second).startswith(FRAGMENTS[Slot.PARALLEL])
