@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import platform
 import re
+import resource
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +41,32 @@ def _cache(index: int, field: str, default: int) -> int:
         return int(text[:-1]) << {"K": 10, "M": 20}[text[-1]] if text[-1] in "KM" else int(text)
     except (OSError, ValueError, KeyError):
         return default
+
+
+DEFAULT_THREAD_STACK = 2 << 20   # glibc's x86-64 thread stack when RLIMIT_STACK is unlimited
+
+
+def omp_stack_bytes(text: str) -> int | None:
+    """An ``OMP_STACKSIZE`` value in bytes, as libgomp reads it (OpenMP 5.2 §21.2.2: a number with an
+    optional ``B``, ``K``, ``M`` or ``G`` suffix, kilobytes when none); ``None`` if malformed."""
+    m = re.fullmatch(r"\s*(\d+)\s*([bkmgBKMG]?)\s*", text)
+    if m is None:
+        return None
+    return int(m.group(1)) << {"b": 0, "k": 10, "": 10, "m": 20, "g": 30}[m.group(2).lower()]
+
+
+def thread_stack_bytes() -> int:
+    """The smallest stack a kernel's parallel loop body may run on: the main thread's
+    (``RLIMIT_STACK``) and OpenMP workers' (``OMP_STACKSIZE`` or ``GOMP_STACKSIZE`` if set, else the
+    thread default, which glibc takes from ``RLIMIT_STACK``)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    main = soft if soft != resource.RLIM_INFINITY and soft > 0 else DEFAULT_THREAD_STACK
+    sizes = [main]
+    for var in ("OMP_STACKSIZE", "GOMP_STACKSIZE"):
+        n = omp_stack_bytes(os.environ[var]) if var in os.environ else None
+        if n:
+            sizes.append(n)
+    return min(sizes)
 
 
 def isa_of(flags: frozenset[str]) -> str:
@@ -110,7 +138,7 @@ class HostCPU:
         bits = {"avx512": 512, "avx2": 256}.get(isa, 128)
         return TargetInfo(isa, bits, 32 if isa == "avx512" else 16, _cache(2, "size", 512 << 10),
                           _cache(0, "size", 32 << 10), _cache(0, "ways_of_associativity", 8),
-                          _cache(3, "size", 0), "sse4a" in flags)
+                          _cache(3, "size", 0), "sse4a" in flags, thread_stack_bytes())
 
     def codegen(self, llvm_mlir: Path, workdir: Path, opt_level: int, timeout: float, profile: bool = False,
                 entry_c: str | None = None, jobs: int = 1) -> Path:

@@ -41,6 +41,11 @@ class TargetInfo:
         l2_bytes: level-2 cache per core.
         l1_bytes, l1_ways: the level-1 data cache per core and its associativity (the GEMM's k-block
             follows from them: :func:`~neuron_compile.codegen.strategies.matmul.l1_kc`).
+        llc_bytes: the last-level cache (0: unknown); sse4a: 8-byte non-temporal stores of vector
+            lanes (:mod:`neuron_compile.codegen.streaming`).
+        stack_bytes: the smallest stack a parallel loop body runs on (the main thread's or an OpenMP
+            worker's: :func:`neuron_compile.target.thread_stack_bytes`), which bounds the
+            temporaries a schedule puts on the stack.
     """
 
     isa: str = "avx2"
@@ -51,6 +56,7 @@ class TargetInfo:
     l1_ways: int = 8
     llc_bytes: int = 0
     sse4a: bool = False
+    stack_bytes: int = 8 << 20
 
     def lanes(self, element_bytes: int) -> int:
         """Elements of ``element_bytes`` bytes in one SIMD register."""
@@ -59,7 +65,7 @@ class TargetInfo:
     def to_json(self) -> dict[str, Any]:
         return {"isa": self.isa, "vector_bits": self.vector_bits, "vector_registers": self.vector_registers,
                 "l2_bytes": self.l2_bytes, "l1_bytes": self.l1_bytes, "l1_ways": self.l1_ways,
-                "llc_bytes": self.llc_bytes, "sse4a": self.sse4a}
+                "llc_bytes": self.llc_bytes, "sse4a": self.sse4a, "stack_bytes": self.stack_bytes}
 
 
 @dataclass(frozen=True)

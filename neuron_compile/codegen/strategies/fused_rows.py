@@ -27,7 +27,8 @@ from neuron_compile.codegen.strategies import vector
 from neuron_compile.codegen.transform import VECTOR_CLEANUP, SequenceWriter
 
 _INNER = {"pointwise": vector.Pointwise(), "row-reduction": vector.RowReduction()}
-STACK_BYTES = 128 << 10  # a block's temporaries on the stack: far below any thread's stack (MBs)
+STACK_BYTES = 128 << 10  # a block's temporaries on the stack, at most
+STACK_SHARE = 8          # ... and at most this share of the smallest thread stack (OMP_STACKSIZE)
 
 
 def _row_kernel(k: KernelInfo) -> bool:
@@ -75,7 +76,9 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bo
     """(rows per forall iteration, whether the block's temporaries live on the stack).
 
     Small blocks first: the chain's row outputs fill an eighth of L2 and the temporaries (every
-    member's outputs but the last's) go on the stack, at most :data:`STACK_BYTES`. Then the
+    member's outputs but the last's) go on the stack, at most :data:`STACK_BYTES` and an eighth of
+    the smallest thread stack (``OMP_STACKSIZE=256K`` leaves 32 KB: a deeper stack than the
+    threads have would crash the caller's process). Then the
     hardware prefetcher streams the next rows while a block is computed, which a large block
     defeats (its first pass alone reads from memory, its exp pass alone computes), and no block
     pays a ``malloc`` and ``free`` for its temporaries. Measured on Zen 5, 1 thread, input read
@@ -90,7 +93,7 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bo
     def rows_filling(l2_share: int) -> int:  # rows whose outputs fill 1/l2_share of L2
         return vector.divisor_tile(n, max(1, min(n // 4 or 1, target.l2_bytes // l2_share // row)))
     rows = rows_filling(8)
-    if rows * _row_bytes(group[:-1]) <= STACK_BYTES:
+    if rows * _row_bytes(group[:-1]) <= min(STACK_BYTES, target.stack_bytes // STACK_SHARE):
         return rows, True
     return rows_filling(2), False
 

@@ -1,0 +1,67 @@
+"""Stack temporaries must fit the threads that run them: a ``fused-rows`` block keeps its temporaries
+on the stack (``memref.alloca``), and an OpenMP worker's stack is ``OMP_STACKSIZE``. With
+``OMP_STACKSIZE=64K`` and the old fixed 128 KB budget, softmax over 4096×1024 at 2 threads put 64 KB
+of temporaries on a 64 KB stack and the process died (SIGSEGV, measured)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from neuron_compile.codegen import TargetInfo
+from neuron_compile.codegen.strategies.fused_rows import block_plan
+from neuron_compile.target import DEFAULT_THREAD_STACK, omp_stack_bytes, thread_stack_bytes
+from tests.ir.lower import lower
+
+
+@pytest.mark.parametrize("text,expected", [("512K", 512 << 10), ("2M", 2 << 20), ("100", 100 << 10),
+                                           ("1g", 1 << 30), ("4096B", 4096), (" 64 k ", 64 << 10),
+                                           ("lots", None), ("-1K", None), ("", None)])
+def test_omp_stacksize_is_read_as_libgomp_reads_it(text, expected):
+    assert omp_stack_bytes(text) == expected
+
+
+def test_the_smallest_stack_wins(monkeypatch):
+    import resource
+    monkeypatch.delenv("OMP_STACKSIZE", raising=False)
+    monkeypatch.delenv("GOMP_STACKSIZE", raising=False)
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    main = soft if soft not in (resource.RLIM_INFINITY, 0) else DEFAULT_THREAD_STACK
+    assert thread_stack_bytes() == main
+    monkeypatch.setenv("OMP_STACKSIZE", "256K")
+    assert thread_stack_bytes() == min(main, 256 << 10)
+    monkeypatch.setenv("GOMP_STACKSIZE", "64K")
+    assert thread_stack_bytes() == min(main, 64 << 10)
+    monkeypatch.setenv("OMP_STACKSIZE", "nonsense")  # ignored, as libgomp ignores it
+    assert thread_stack_bytes() == min(main, 64 << 10)
+
+
+def test_small_thread_stacks_move_block_temporaries_to_the_heap():
+    _, lowered = lower(lambda x: x.softmax(-1), torch.empty(4096, 1024))
+    group = lowered.kernels
+    roomy = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20, stack_bytes=8 << 20)
+    assert block_plan(group, roomy) == (16, True)   # 64 KB of exp rows and scalars on the stack
+    tight = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20, stack_bytes=256 << 10)
+    rows, stack = block_plan(group, tight)
+    assert not stack and rows * 4096 * 2 <= (1 << 20) // 2   # heap blocks, as for rows too long
+
+
+def test_a_64k_openmp_stack_runs_a_fused_softmax(tmp_path):
+    script = textwrap.dedent("""
+        import torch
+        from tests.conftest import neuron_compile
+        torch.set_num_threads(2)
+        x = torch.randn(4096, 1024, generator=torch.Generator().manual_seed(0))
+        out = neuron_compile(lambda x: x.softmax(-1))(x)
+        torch.testing.assert_close(out, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-6)
+        print("ok")
+    """)
+    env = {**os.environ, "OMP_STACKSIZE": "64K", "NEURON_CACHE_DIR": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
