@@ -28,3 +28,17 @@ def train_side_by_side(model: torch.nn.Module, steps: int, batch: Callable[[torc
             F.cross_entropy(fn(x), y).backward()
             opt.step()
     return model, eager
+
+
+def at_one_and_two_threads(compiled: Callable, *args) -> tuple:
+    """``compiled(*args)`` with ``torch.set_num_threads(1)`` and then ``2`` (the thread count a
+    kernel's parallel loops follow at call time); the caller's count is restored."""
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = compiled(*args)
+        torch.set_num_threads(2)
+        two = compiled(*args)
+    finally:
+        torch.set_num_threads(old)
+    return one, two

@@ -19,6 +19,7 @@ from neuron_compile.codegen.prefetch import MARK, rewrite
 from neuron_compile.target import HostCPU
 from neuron_compile.toolchain import tool
 from tests.conftest import neuron_compile
+from tests.helpers import at_one_and_two_threads
 from tests.ir.lower import lower
 
 ZEN5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20, l1_bytes=48 << 10, l1_ways=12, llc_bytes=32 << 20,
@@ -124,14 +125,7 @@ def test_prefetching_kernels_change_no_bit(case, tmp_path, monkeypatch):
     torch._dynamo.reset()
     clear_memory_cache()  # the same cache key: the decision is a pure function of what the key holds
     compiled = neuron_compile(fn, options={"cache": False, "dump_dir": str(tmp_path)})
-    old = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = compiled(*args)
-        torch.set_num_threads(2)
-        two = compiled(*args)
-    finally:
-        torch.set_num_threads(old)
+    one, two = at_one_and_two_threads(compiled, *args)
     (rewritten,) = tmp_path.glob("*/work/kernel.prefetch.mlir")
     assert "memref.prefetch" in rewritten.read_text()
     assert torch.equal(one, plain) and torch.equal(two, plain)

@@ -15,6 +15,7 @@ from neuron_compile.codegen import TargetInfo, plan_codegen
 from neuron_compile.codegen.streaming import streams
 from neuron_compile.target import HostCPU
 from tests.conftest import neuron_compile
+from tests.helpers import at_one_and_two_threads
 from tests.ir.lower import lower
 
 ZEN3 = TargetInfo("avx2", 256, 16, 512 << 10, 32 << 10, 8, llc_bytes=32 << 20, sse4a=True)
@@ -68,14 +69,7 @@ def test_streamed_stores_are_nontemporal_and_change_no_bit(case, tmp_path, monke
     monkeypatch.setattr(HostCPU, "info", lambda self: tiny)
     torch._dynamo.reset()
     compiled = neuron_compile(fn, options={"cache": False, "dump_dir": str(tmp_path)})
-    old = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = compiled(*args)
-        torch.set_num_threads(2)
-        two = compiled(*args)
-    finally:
-        torch.set_num_threads(old)
+    one, two = at_one_and_two_threads(compiled, *args)
     llvm_dialect = "".join(p.read_text() for p in tmp_path.glob("*/*.llvm.mlir"))
     assert "nontemporal" in llvm_dialect
     assert torch.equal(one, plain) and torch.equal(two, plain)

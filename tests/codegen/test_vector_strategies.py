@@ -12,6 +12,7 @@ import torch
 
 from neuron_compile.codegen import TargetInfo, plan_codegen
 from tests.conftest import neuron_compile
+from tests.helpers import at_one_and_two_threads
 from tests.ir.lower import lower
 
 AVX2 = TargetInfo("avx2", 256, 16)
@@ -23,16 +24,7 @@ def _strategies(fn, *args) -> list[str]:
 
 
 def _run_both_thread_counts(fn, *args):
-    compiled = neuron_compile(fn)
-    old = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = compiled(*args)
-        torch.set_num_threads(2)
-        two = compiled(*args)
-    finally:
-        torch.set_num_threads(old)
-    return one, two
+    return at_one_and_two_threads(neuron_compile(fn), *args)
 
 
 def _close_to_reference(ours, fn, args, rtol_scale=4.0):
