@@ -9,7 +9,9 @@ between steps so a value two consumers read is computed once (``fuse_into_contai
 op then gets its own vector schedule inside the block (:mod:`.vector`). The input is read from
 DRAM once, and intermediates never leave the cache (Inductor's row-wise reductions and ATen's
 softmax kernel get the same locality by looping per row). Measured by the schedule's research on
-Zen 1: softmax 4096×1024 15.9 → 14.1 ms, layer_norm 128×768 0.234 → 0.179 ms, 1 thread.
+Zen 1: softmax 4096×1024 15.9 → 14.1 ms, layer_norm 128×768 0.234 → 0.179 ms, 1 thread. When the
+chain reads a graph input larger than L2 twice, the member that re-reads it first also prefetches
+the next block's rows (:func:`prefetch_member`, :mod:`neuron_compile.codegen.prefetch`).
 
 A chain qualifies when every kernel is a pointwise or row-reduction kernel over the same leading
 (parallel) dim with the contiguous dim last, and every result but the last one's is used only by
