@@ -15,6 +15,7 @@ import platform
 import re
 import resource
 import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,9 @@ DEFAULT_THREAD_STACK = 2 << 20   # glibc's x86-64 thread stack when RLIMIT_STACK
 
 def omp_stack_bytes(text: str) -> int | None:
     """An ``OMP_STACKSIZE`` value in bytes, as libgomp reads it (OpenMP 5.2 §21.2.2: a number with an
-    optional ``B``, ``K``, ``M`` or ``G`` suffix, kilobytes when none); ``None`` if malformed."""
-    m = re.fullmatch(r"\s*(\d+)\s*([bkmgBKMG]?)\s*", text)
+    optional ``B``, ``K``, ``M`` or ``G`` suffix, kilobytes when none; libgomp's ``strtoul`` also
+    takes a leading ``+``); ``None`` if malformed."""
+    m = re.fullmatch(r"\s*\+?(\d+)\s*([bkmgBKMG]?)\s*", text)
     if m is None:
         return None
     return int(m.group(1)) << {"b": 0, "k": 10, "": 10, "m": 20, "g": 30}[m.group(2).lower()]
@@ -57,11 +59,17 @@ def omp_stack_bytes(text: str) -> int | None:
 
 def thread_stack_bytes() -> int:
     """The smallest stack a kernel's parallel loop body may run on: the main thread's
-    (``RLIMIT_STACK``) and OpenMP workers' (``OMP_STACKSIZE`` or ``GOMP_STACKSIZE`` if set, else the
-    thread default, which glibc takes from ``RLIMIT_STACK``)."""
+    (``RLIMIT_STACK``), OpenMP workers' (``OMP_STACKSIZE`` or ``GOMP_STACKSIZE`` if set, else the
+    thread default, which glibc takes from ``RLIMIT_STACK``) and Python threads' when the process
+    set one (``threading.stack_size``; a thread that calls the kernel at one thread runs its loop
+    body itself). Read at compile time: a smaller stack set later is not seen."""
     soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
     main = soft if soft != resource.RLIM_INFINITY and soft > 0 else DEFAULT_THREAD_STACK
     sizes = [main]
+    py = threading.stack_size()   # (it also resets the setting to the default: put it back)
+    if py:
+        threading.stack_size(py)
+        sizes.append(py)
     for var in ("OMP_STACKSIZE", "GOMP_STACKSIZE"):
         n = omp_stack_bytes(os.environ[var]) if var in os.environ else None
         if n:

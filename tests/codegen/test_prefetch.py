@@ -45,7 +45,7 @@ def test_the_first_member_to_reread_a_large_graph_input_prefetches():
     assert p["prefetch"] == p["group"][1]   # mean, then variance re-reads x
 
 
-def test_no_prefetch_when_the_input_fits_in_l2_or_is_an_intermediate_or_blocks_are_single_rows():
+def test_no_prefetch_when_the_input_fits_in_l2_is_an_intermediate_is_strided_or_blocks_are_single_rows():
     _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(128, 1024))  # 512 KiB: in L2
     assert "prefetch" not in p
     # the scores come from a matmul in the same graph: an intermediate, not read from memory twice
@@ -53,6 +53,9 @@ def test_no_prefetch_when_the_input_fits_in_l2_or_is_an_intermediate_or_blocks_a
     assert "prefetch" not in p
     _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(8, 40000))  # one row per block
     assert p["rows"] == 1 and "prefetch" not in p
+    # every other column of a wider tensor: a strided memref the rewrite would not touch
+    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(4096, 2048)[:, ::2])
+    assert "prefetch" not in p
 
 
 VECTOR_IR = """module {

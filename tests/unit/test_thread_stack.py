@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -19,8 +20,9 @@ from tests.ir.lower import lower
 
 
 @pytest.mark.parametrize("text,expected", [("512K", 512 << 10), ("2M", 2 << 20), ("100", 100 << 10),
-                                           ("1g", 1 << 30), ("4096B", 4096), (" 64 k ", 64 << 10),
-                                           ("lots", None), ("-1K", None), ("", None)])
+                                           ("1g", 1 << 30), ("4096B", 4096), (" 64 k ", 64 << 10), ("+64K", 64 << 10),
+                                           ("lots", None), ("-1K", None), ("", None), ("64KB", None),
+                                           ("1.5M", None), ("0x40K", None)])
 def test_omp_stacksize_is_read_as_libgomp_reads_it(text, expected):
     assert omp_stack_bytes(text) == expected
 
@@ -38,6 +40,13 @@ def test_the_smallest_stack_wins(monkeypatch):
     assert thread_stack_bytes() == min(main, 64 << 10)
     monkeypatch.setenv("OMP_STACKSIZE", "nonsense")  # ignored, as libgomp ignores it
     assert thread_stack_bytes() == min(main, 64 << 10)
+    monkeypatch.delenv("GOMP_STACKSIZE")
+    old = threading.stack_size(48 << 10)  # Python threads made from now on (a caller at one thread)
+    try:
+        assert thread_stack_bytes() == min(main, 48 << 10)
+        assert threading.stack_size() == 48 << 10   # (reading it left the setting in place)
+    finally:
+        threading.stack_size(old)
 
 
 def test_small_thread_stacks_move_block_temporaries_to_the_heap():

@@ -100,19 +100,25 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bo
     return rows_filling(2), False
 
 
+def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+
+
 def prefetch_member(group: Sequence[KernelInfo], rows: int, target: TargetInfo) -> int | None:
     """The member whose row loop prefetches the next block (:mod:`neuron_compile.codegen.prefetch`),
     or ``None``: the first member to re-read a graph input (strides known) that is indexed by row
-    (``d0`` first, rank ≥ 2) and larger than L2, i.e. one the first pass streams from memory and the
-    next block will stream again. Blocks of one row have no row loop to mark."""
+    (``d0`` first, rank ≥ 2), row-major contiguous (the layout the rewrite handles) and larger than
+    L2, i.e. one the first pass streams from memory and the next block will stream again. Blocks of
+    one row have no row loop to mark."""
     if rows < 2:
         return None
     made = {r for k in group for r in k.results}
     readers: dict[str, list[int]] = {}
     for k in group:
         for o in k.inputs:
-            if o.value not in made and o.strides is not None and len(o.shape) >= 2 and o.exprs[:1] == ("d0",) \
-                    and o.nbytes > target.l2_bytes and k.id not in readers.get(o.value, ()):
+            if o.value not in made and o.strides is not None and tuple(o.strides) == _row_major(o.shape) \
+                    and len(o.shape) >= 2 and o.exprs[:1] == ("d0",) and o.nbytes > target.l2_bytes \
+                    and k.id not in readers.get(o.value, ()):
                 readers.setdefault(o.value, []).append(k.id)
     second = [ids[1] for ids in readers.values() if len(ids) > 1]
     return min(second) if second else None
