@@ -27,6 +27,7 @@ from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import Schedule, Slot, TargetInfo
 from neuron_compile.codegen.strategies import vector
 from neuron_compile.codegen.transform import VECTOR_CLEANUP, SequenceWriter
+from neuron_compile.lowering.ir import contiguous_strides
 
 _INNER = {"pointwise": vector.Pointwise(), "row-reduction": vector.RowReduction()}
 STACK_BYTES = 128 << 10  # a block's temporaries on the stack, at most
@@ -100,10 +101,6 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo) -> tuple[int, bo
     return rows_filling(2), False
 
 
-def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
-
-
 def prefetch_member(group: Sequence[KernelInfo], rows: int, target: TargetInfo) -> int | None:
     """The member whose row loop prefetches the next block (:mod:`neuron_compile.codegen.prefetch`),
     or ``None``: the first member to re-read a graph input (strides known) that is indexed by row
@@ -116,9 +113,9 @@ def prefetch_member(group: Sequence[KernelInfo], rows: int, target: TargetInfo) 
     readers: dict[str, list[int]] = {}
     for k in group:
         for o in k.inputs:
-            if o.value not in made and o.strides is not None and tuple(o.strides) == _row_major(o.shape) \
-                    and len(o.shape) >= 2 and o.exprs[:1] == ("d0",) and o.nbytes > target.l2_bytes \
-                    and k.id not in readers.get(o.value, ()):
+            row_major = o.strides is not None and tuple(o.strides) == contiguous_strides(tuple(o.shape))
+            if o.value not in made and row_major and len(o.shape) >= 2 and o.exprs[:1] == ("d0",) \
+                    and o.nbytes > target.l2_bytes and k.id not in readers.get(o.value, ()):
                 readers.setdefault(o.value, []).append(k.id)
     second = [ids[1] for ids in readers.values() if len(ids) > 1]
     return min(second) if second else None
