@@ -3,9 +3,9 @@
 Fake-tensor tracing uses meta functions, and some of ATen's checks exist only in the CPU kernels:
 ``torch.mm`` of a float32 and a float64 matrix traces to ``aten.mm`` returning float32, where eager
 raises ``RuntimeError: expected m1 and m2 to have the same dtype``; ``softmax`` of an integer
-tensor and ``fill_(300)`` or ``F.pad(value=300)`` of a uint8 one return values where eager raises. :func:`check_arguments`
-calls each such op of the graph (:data:`PROBED`: the matmul family of ``aten/src/ATen/native/Blas.cpp``
-and ``LinearAlgebra.cpp``, softmax, fill; and the ops we decompose whose CPU kernels implement only
+tensor and ``fill_(300)`` or ``F.pad(value=300)`` of a uint8 one return values where eager
+raises. :func:`check_arguments` calls each such op of the graph (:data:`PROBED`: the matmul
+family of ``aten/src/ATen/native/Blas.cpp`` and ``LinearAlgebra.cpp``, softmax, fill; and the ops we decompose whose CPU kernels implement only
 some dtypes, :data:`DTYPE_LIMITED`: special functions, orthogonal polynomials, 3-D average pooling,
 antialiased resize) once on all-ones tensors of the same dtypes and ranks, every dim 1 (the real
 shapes for :data:`SHAPED` ops), so shapes always agree and only the dtype and value checks can fire. An exception becomes an
@@ -71,7 +71,7 @@ def _pad_fill(t: torch.Tensor, pad: object, mode: str = "constant", value: objec
 
 def _constant_pad_fill(t: torch.Tensor, pad: object, value: object = 0) -> None:
     """``constant_pad_nd(input, pad, value)``: as :func:`_pad_fill`."""
-    t.new_empty(2).fill_(value)
+    _pad_fill(t, pad, "constant", value)
 
 
 PADS = {F.pad: _pad_fill, torch._C._nn.pad: _pad_fill, aten.pad.default: _pad_fill,

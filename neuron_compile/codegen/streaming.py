@@ -72,10 +72,9 @@ def sequence(root_ids: Iterable[int]) -> str:
             f'    transform.match.operation_name %def ["memref.subview"] : {ANY}\n'
             f"    transform.yield %s : {ANY}\n  }}\n"
             f"  transform.named_sequence @neuron_stack_store(%s: {ANY} {{transform.readonly}}) -> {ANY} {{\n"
-            f'    transform.match.operation_name %s ["vector.store"] : {ANY}\n'
-            f"    %base = transform.get_operand %s[1] : ({ANY}) -> !transform.any_value\n"
+            f"    %o = transform.include @neuron_output_store failures(propagate) (%s) : ({ANY}) -> {ANY}\n"
+            f"    %base = transform.get_operand %o[1] : ({ANY}) -> !transform.any_value\n"
             f"    %def = transform.get_defining_op %base : (!transform.any_value) -> {ANY}\n"
-            f'    transform.match.operation_name %def ["memref.subview"] : {ANY}\n'
             f"    %src = transform.get_operand %def[0] : ({ANY}) -> !transform.any_value\n"
             f"    %buf = transform.get_defining_op %src : (!transform.any_value) -> {ANY}\n"
             f'    transform.match.operation_name %buf ["memref.alloca"] : {ANY}\n'
