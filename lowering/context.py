@@ -415,8 +415,7 @@ class LoweringContext:
         if v.name in self.body.collapsed_views:   # a GEMM's C reshaped (a convolution's NCHW output)
             self.body.collapsed_views[out.name] = (self.body.collapsed_views[v.name][0], None)
         if len(shape) > v.rank and [s for s in shape if s != 1] == [s for s in v.shape if s != 1]:
-            view_dims = iter(i for i, s in enumerate(shape) if s != 1)
-            self.body.unit_views[out.name] = (v, tuple("0" if s == 1 else f"d{next(view_dims)}" for s in v.shape))
+            self.body.unit_views[out.name] = (v, _unit_view_exprs(v.shape, shape))
         return out
 
     def _see_through(self, o: Any) -> Any:
@@ -642,3 +641,24 @@ def result_dtype(a: Any, b: Any) -> torch.dtype:
     if not isinstance(pa, torch.Tensor) and not isinstance(pb, torch.Tensor):
         return torch.result_type(torch.tensor(pa), pb)
     return torch.result_type(pa, pb) if isinstance(pa, torch.Tensor) else torch.result_type(pb, pa)
+
+
+def _unit_view_exprs(src: Sequence[int], view: Sequence[int]) -> tuple[str, ...]:
+    """How a view that only adds unit dims to ``src`` reads it: each source dim as the view dim it
+    stays (``(1, 12, 128)`` viewed as ``(1, 12, 128, 1)``: ``(d0, d1, d2)``), a unit source dim
+    with no unit view dim at its place as ``0``. Reading a unit dim at ``d0`` rather than ``0``
+    keeps the read an identity on the rows, so a reduction over ``(B, H, S, S)`` stays fusable
+    with its consumers (``fused-rows``) instead of being read through a ``collapse_shape``."""
+    exprs, j = [], 0
+    for s in src:
+        if s != 1:
+            while view[j] == 1:
+                j += 1
+            exprs.append(f"d{j}")
+            j += 1
+        elif j < len(view) and view[j] == 1:
+            exprs.append(f"d{j}")
+            j += 1
+        else:
+            exprs.append("0")
+    return tuple(exprs)

@@ -101,6 +101,16 @@ def test_rewrite_prefetches_argument_loads_in_marked_loops_one_per_line():
     assert r.stdout.count("llvm.intr.prefetch") == 2
 
 
+def test_rewrite_steps_along_the_marked_dim():
+    text = (VECTOR_IR.replace("64x1000xf32>", "2x64x1000xf32>")
+            .replace("[%arg2, %arg3]", "[%c1, %arg2, %arg3]").replace("[%arg2, %c0]", "[%c1, %arg2, %c0]")
+            .replace("{neuron.prefetch = 4 : i64}", "{neuron.prefetch = 4 : i64, neuron.prefetch_dim = 1 : i64}"))
+    out = rewrite(text)
+    prefetches = [ln.strip() for ln in out.splitlines() if "memref.prefetch" in ln]
+    assert len(prefetches) == 2 and all(p.startswith("memref.prefetch %arg0[%c1, %neuron_pf0_r, ") for p in prefetches)
+    assert "arith.addi %arg2, %neuron_pf0_d" in out and "arith.constant 63 : index" in out
+
+
 def test_rewrite_leaves_unmarked_text_alone():
     text = VECTOR_IR.replace(" {neuron.prefetch = 4 : i64}", "")
     assert rewrite(text) == text
@@ -111,6 +121,10 @@ CASES = {
     "log-softmax": (lambda x: torch.log_softmax(x, -1), (torch.randn(96, 1003) * 3,)),
     "layer-norm": (lambda x, w, b: F.layer_norm(x, (768,), w, b), (torch.randn(128, 768), torch.randn(768),
                                                                     torch.randn(768))),
+    # blocks of rows inside dim 1 (the next block along dim 1), and blocks spanning dim 1 whole
+    # (the next block along dim 0)
+    "softmax-rank4": (lambda x: x.softmax(-1), (torch.randn(2, 3, 40, 200) * 3,)),
+    "softmax-whole-inner-dim": (lambda x: x.softmax(-1), (torch.randn(96, 3, 130) * 3,)),
 }
 
 

@@ -135,6 +135,11 @@ FUSED = {
                    (torch.randn(130, 768), torch.randn(768), torch.randn(768))),
     "rms-norm": (lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w,
                  (torch.randn(64, 512), torch.randn(512))),
+    # rank 3 and 4 (attention scores, a batch of sequences): blocks over several row dims
+    "softmax-heads": (lambda x: x.softmax(-1), (torch.randn(1, 6, 40, 72) * 3,)),
+    "softmax-batch": (lambda x: x.softmax(-1), (torch.randn(3, 70, 130),)),
+    "layer-norm-seq": (lambda x, w, b: torch.nn.functional.layer_norm(x, (96,), w, b),
+                       (torch.randn(2, 50, 96), torch.randn(96), torch.randn(96))),
 }
 
 
@@ -165,6 +170,34 @@ def test_row_blocks_are_small_with_stack_temporaries_where_they_fit():
     # sized to half of L2 on the heap, as before (one row: 320 KB of row outputs in a 1 MB L2)
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 40000), target=zen5)
     assert (p["rows"], p.get("stack")) == (1, None)
+
+
+def test_row_blocks_span_every_leading_dim():
+    """Softmax over ``(B, H, S, S)`` or ``(B, S, N)`` is blocked over all the row dims: blocking
+    the first alone made (8, 512, 1024) 8 blocks of 2 MB on the heap, and (1, 12, 128, 128) one
+    block for both threads (0.6-0.8x eager, measured on Zen 5)."""
+    zen5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20)
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 512, 1024), target=zen5)
+    assert (p["block"], p["rows"], p.get("stack")) == ([1, 16], 16, True)   # as 4096 rows of 1024
+    # a keepdim reduction over a unit batch dim is read at (d0, d1, d2), not through a
+    # collapse_shape that dropped d0: the whole chain fuses, in 12 x 1 blocks of 128 rows
+    _, lowered = lower(lambda x: x.softmax(-1), torch.randn(1, 12, 128, 128))
+    plan = plan_codegen(lowered.kernels, zen5, uses=lowered.value_uses)
+    assert {s.strategy for s in plan.schedules} == {"fused-rows"}
+    assert plan.schedules[0].params["block"] == [1, 1, 128]
+    # whole inner dims, then a divisor of the next outer one
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(64, 4, 256), target=zen5)
+    assert p["block"][1] == 4 and 64 % p["block"][0] == 0 and p["rows"] == 4 * p["block"][0] <= 64
+
+
+def test_row_reductions_alone_split_over_every_leading_dim():
+    # a (2, 2048, 1024) row sum: 64 blocks for the threads, not the 2 of its first dim (the
+    # elements per block counted the reduced dim only, so it was not even split in two)
+    _, lowered = lower(lambda x: x.sum(-1), torch.randn(2, 2048, 1024))
+    (s,) = plan_codegen(lowered.kernels, AVX2, uses=lowered.value_uses).schedules
+    assert s.strategy == "row-reduction"
+    blocks = [n // t if t else 1 for n, t in zip(lowered.kernels[0].ranges, s.params["forall"])]
+    assert blocks[0] * blocks[1] == 64 and blocks[2] == 1
 
 
 @pytest.mark.parametrize("shape", [(64, 40000), (256, 1024), (12, 777)])

@@ -53,9 +53,9 @@ def test_small_thread_stacks_move_block_temporaries_to_the_heap():
     _, lowered = lower(lambda x: x.softmax(-1), torch.empty(4096, 1024))
     group = lowered.kernels
     roomy = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20, stack_bytes=8 << 20)
-    assert block_plan(group, roomy) == (16, True)   # 64 KB of exp rows and scalars on the stack
+    assert block_plan(group, roomy) == ([16], True)   # 64 KB of exp rows and scalars on the stack
     tight = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20, stack_bytes=256 << 10)
-    rows, stack = block_plan(group, tight)
+    (rows,), stack = block_plan(group, tight)
     assert not stack and rows * 4096 * 2 <= (1 << 20) // 2   # heap blocks, as for rows too long
 
 

@@ -29,7 +29,7 @@ strategy. Measured on Zen 1 (1 thread, ms, this machine): softmax 4096×1024 ama
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Mapping
+from typing import ClassVar, Mapping, Sequence
 
 import torch
 
@@ -119,16 +119,37 @@ def divisor_tile(n: int, want: int, quantum: int = 1) -> int:
     return 0
 
 
-def _forall_over(k: KernelInfo, dims: list[int], elems_per_unit: int) -> list[int]:
-    """Tile the first of ``dims`` into about CHUNKS pieces of at least MIN_CHUNK elements."""
+def block_tiles(lead: Sequence[int], rows: int) -> list[int]:
+    """Tile sizes over the dims ``lead`` (outermost first) for blocks of about ``rows`` points of
+    them, filled innermost first: whole inner dims while they fit, then a divisor of the next
+    (:func:`divisor_tile`), then 1 (``(8, 512)`` and 16: ``[1, 16]``; ``(64, 16)`` and 32:
+    ``[2, 16]``). Every tile divides its dim, so every block is full and static."""
+    tiles, left = [1] * len(lead), rows
+    for d in reversed(range(len(lead))):
+        t = divisor_tile(lead[d], max(1, left)) or 1
+        tiles[d] = t
+        if t < lead[d]:
+            break
+        left //= t
+    return tiles
+
+
+def _forall_over(k: KernelInfo, dims: list[int]) -> list[int]:
+    """Tile the parallel dims from ``dims[0]`` on (the run of consecutive ones in ``dims``, unit
+    dims between them included) into about CHUNKS blocks of at least MIN_CHUNK elements. Over the
+    whole run, not its first dim alone: a ``(2, 2048, 1024)`` row sum is 64 blocks, not 2."""
     sizes = [0] * len(k.ranges)
-    if dims:
-        d = dims[0]
-        n = k.ranges[d]
-        chunks = max(1, min(n, CHUNKS, (n * elems_per_unit) // MIN_CHUNK))
-        sizes[d] = divisor_tile(n, math.ceil(n / chunks))
-        if sizes[d] >= n:
-            sizes[d] = 0
+    if not dims:
+        return sizes
+    run = [dims[0]]
+    while run[-1] + 1 < len(k.ranges) and (run[-1] + 1 in dims or k.ranges[run[-1] + 1] == 1) \
+            and k.iterators[run[-1] + 1] == "parallel" and run[-1] + 1 != k.contiguous_dim:
+        run.append(run[-1] + 1)
+    lead = [k.ranges[d] for d in run]
+    n = math.prod(lead)
+    chunks = max(1, min(n, CHUNKS, math.prod(k.ranges) // MIN_CHUNK))
+    for d, t in zip(run, block_tiles(lead, math.ceil(n / chunks))):
+        sizes[d] = t if t < k.ranges[d] else 0
     return sizes
 
 
@@ -204,7 +225,7 @@ class Pointwise(_VectorStrategy):
         # (a windowed accumulation, col2im, has sequential kernel-offset loops: never split them)
         outer = [d for d in range(nd) if d != c and k.ranges[d] > 1 and k.iterators[d] == "parallel"]
         if outer:
-            return _forall_over(k, outer, math.prod(k.ranges) // k.ranges[outer[0]])
+            return _forall_over(k, outer)
         sizes = [0] * nd  # one long dim: chunks of whole vector steps
         n, vl = k.ranges[c], lanes(k, target)
         chunks = max(1, min(CHUNKS, n // max(MIN_CHUNK, vl)))
@@ -252,7 +273,7 @@ class RowReduction(_VectorStrategy):
 
     def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
         par = [d for d, it in enumerate(k.iterators) if it == "parallel" and k.ranges[d] > 1]
-        return _forall_over(k, par, math.prod(k.ranges[d] for d in k.reduction_dims))
+        return _forall_over(k, par)
 
     def inner(self, w, k, e, op, ext, scope):
         c, nd = k.contiguous_dim, len(k.ranges)
