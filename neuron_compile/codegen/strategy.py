@@ -105,8 +105,10 @@ def strategies() -> tuple[Strategy, ...]:
     from neuron_compile.codegen.strategies.loops import Loops
     from neuron_compile.codegen.strategies.fused_rows import FusedRows
     from neuron_compile.codegen.strategies.matmul import MatmulTiled
+    from neuron_compile.codegen.strategies.transpose import TransposeTiles
     from neuron_compile.codegen.strategies.vector import ColumnReduction, CopyRows, Pointwise, RowReduction
-    return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), CopyRows(), Loops())
+    return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), CopyRows(), TransposeTiles(),
+            Loops())
 
 
 def strategy_named(name: str) -> Strategy:
