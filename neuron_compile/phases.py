@@ -80,8 +80,11 @@ def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequenc
         return "".join(f"{f}," for f in dict.fromkeys(fragments.get(s, ())))
     # the schedules run on kernels outlined into functions of their own; inlining them back comes
     # before eliminate-empty-tensors, which must see the graph's outputs and the kernels together
+    from neuron_compile.codegen.library import SLICED_EMPTIES
     head = TRANSFORM.format(library=library) + f",{INLINE}," if library else ""
     first = f"{ELIMINATE_EMPTY}," if eliminate_empty else ""
+    if library and eliminate_empty:   # (the library's sequence: see codegen.library.SLICED_EMPTIES)
+        first += f"transform-interpreter{{entry-point={SLICED_EMPTIES}}},"
     before = f"{head}{first}{TENSOR_OPT},{BUFFERIZE},{slot(Slot.POST_BUFFERIZE)}{LOOPS},{slot(Slot.PRE_LLVM)}"
     after = f"{slot(Slot.PARALLEL)}{TO_LLVM}"
     if split:

@@ -32,6 +32,7 @@ _NAME = re.compile(r"%[\w.$]+(?:#\d+)?")
 _LHS = re.compile(r"^\s*(%[\w.$]+(?::\d+)?(?:\s*,\s*%[\w.$]+(?::\d+)?)*)\s*=\s")
 _KERNEL = re.compile(r"neuron\.kernel = (\d+) : i64")
 _LOC = re.compile(r"\s+loc\(.*\)\s*$")
+_INSERT = re.compile(r"^\s*%[\w.$]+ = tensor\.insert_slice ")
 _CLONEABLE = re.compile(r"^\s*%[\w.$]+ = (tensor\.empty\(|arith\.constant [^d]|linalg\.fill )")
 
 
@@ -199,6 +200,16 @@ def _outline(body: list[str], groups: Sequence[Sequence[int]], args: dict[str, s
             merged[-1][2] = max(merged[-1][2], key)
         else:
             merged.append([a, b, key])
+    # a kernel writing a slice of a larger destination (a ``cat`` piece, a padded copy) keeps the
+    # ``tensor.insert_slice`` of its result: split from it, the next segment would clone the
+    # destination's ``tensor.empty`` and write into the clone, leaving the kernel's own slice in a
+    # buffer of the destination's full size, allocated and copied every call (measured: the first
+    # ``cat`` piece of 3 × (8, 128, 768) took 1.8 ms against its siblings' 0.1)
+    for n, span in enumerate(merged):
+        limit = merged[n + 1][0] if n + 1 < len(merged) else len(stmts)
+        while span[1] + 1 < limit and _INSERT.match(stmts[span[1] + 1].text) \
+                and any(defined.get(u, -1) in range(span[0], span[1] + 1) for u in stmts[span[1] + 1].uses):
+            span[1] += 1
     functions: list[str] = []
     main: list[str] = []
     rename: dict[str, str] = {}

@@ -67,3 +67,23 @@ def test_text_it_does_not_recognise_is_left_alone():
              "    return\n  }\n}\n")
     out = outline_kernels(weird, [[0]])
     assert "neuron_segment" not in out and "neuron.code" in out
+
+
+def test_a_kernel_keeps_the_insert_of_its_slice_so_cat_writes_the_output_in_place(tmp_path):
+    """A ``cat`` piece's ``tensor.insert_slice`` stays in its kernel's function: in the next one,
+    the destination's ``tensor.empty`` was cloned and the piece written into a buffer of the
+    whole output's size, allocated and copied every call. Checked on the code: no allocation
+    left, and the values are eager's."""
+    from tests.conftest import neuron_compile
+    fn = lambda a, b, c: torch.cat([a, b, c], -1)  # noqa: E731
+    args = [torch.randn(8, 64, 640) for _ in range(3)]
+    lowered = lower(fn, *args)[1]
+    plan = plan_codegen(lowered.kernels, TargetInfo(), uses=lowered.value_uses)
+    funcs = _functions(outline_kernels(lowered.mlir, plan.groups))
+    for group in plan.groups:
+        body = funcs[f"neuron_segment_{max(group)}"]
+        assert "linalg.copy" in body and "tensor.insert_slice" in body
+    out = neuron_compile(fn, options={"cache": False, "dump_dir": str(tmp_path)})(*args)
+    assert torch.equal(out, fn(*args))
+    (llvm,) = tmp_path.glob("*/work/kernel.llvm.mlir")
+    assert "_mlir_memref_to_llvm_alloc" not in llvm.read_text().split("llvm.func @neuron_kernel", 1)[1]

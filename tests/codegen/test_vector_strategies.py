@@ -257,3 +257,19 @@ def test_head_split_transposes_run_as_vector_rows_and_others_keep_loops():
     for fn in (heads, keys):
         one, two = _run_both_thread_counts(fn, x)
         assert torch.equal(one, fn(x)) and torch.equal(two, fn(x))
+
+
+@pytest.mark.parametrize("case", ["cat-768", "cat-odd", "cat-int64", "heads-long"])
+def test_rows_longer_than_a_window_copy_in_vector_pieces(case):
+    """Rows over ``WINDOW_ROW`` elements (GPT-2's ``cat`` of 768-wide rows) are copied in pieces of
+    whole vectors (a peeled last piece where none divides the row); they were scalar loops."""
+    fn, args = {
+        "cat-768": (lambda a, b: torch.cat([a, b], -1) + 1, (torch.randn(4, 32, 768), torch.randn(4, 32, 768))),
+        "cat-odd": (lambda a, b: torch.cat([a, b], -1) * 2, (torch.randn(24, 1000), torch.randn(24, 2053))),
+        "cat-int64": (lambda a, b: torch.cat([a, b], -1) + 1, (torch.randint(-9, 9, (32, 900)),
+                                                               torch.randint(-9, 9, (32, 700)))),
+        "heads-long": (lambda x: x.transpose(0, 1) * 2, (torch.randn(24, 16, 600),)),
+    }[case]
+    assert "copy-rows" in _strategies(fn, *args)
+    one, two = _run_both_thread_counts(fn, *args)
+    assert torch.equal(one, fn(*args)) and torch.equal(two, fn(*args))
