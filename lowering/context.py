@@ -345,6 +345,9 @@ class LoweringContext:
         ``acc_dtype``; with ``keepdim`` reduced dims stay as size 1.
         """
         dims = sorted({d % v.rank for d in dims}) if v.rank else []
+        full_shape, reduced = v.shape, list(dims)
+        if isinstance(v, TensorValue) and len(dims) > 1 and dims == list(range(v.rank - len(dims), v.rank)):
+            v, dims = self._collapse_trailing(v, len(dims))
         kept = [i for i in range(v.rank) if i not in dims]
         out_shape = tuple(v.shape[i] for i in kept)
         init = self.fill(out_shape, acc_dtype, init_value)
@@ -375,8 +378,20 @@ class LoweringContext:
             red = self.generic(ins, maps, init, affine_map(v.rank, [f"d{i}" for i in kept]), iters, body,
                                attrs={"combiner": acc_dtype != torch.bool})
         if keepdim:
-            return self.reshape(red, tuple(1 if i in dims else v.shape[i] for i in range(v.rank)))
+            return self.reshape(red, tuple(1 if i in reduced else n for i, n in enumerate(full_shape)))
         return red
+
+    def _collapse_trailing(self, v: TensorValue, n: int) -> tuple[TensorValue, list[int]]:
+        """``v`` with its last ``n`` dims collapsed into one, and that dim: a reduction over
+        trailing dims (global average pooling's ``mean((2, 3))``, a ``layer_norm`` over several
+        dims) becomes one contiguous row reduction, vectorized along the whole row instead of one
+        short vector step per row of the last dim (``(32, 64, 56, 56)``: 0.33-0.39x eager)."""
+        lead = v.rank - n
+        groups = [[i] for i in range(lead)] + [list(range(lead, v.rank))]
+        shape = tuple(v.shape[:lead]) + (numel(v.shape[lead:]),)
+        out = self.emit(f"tensor.collapse_shape {v.name} {reassociation(groups)} : {v.type} into "
+                        f"{tensor_type(shape, v.dtype)}", shape, v.dtype)
+        return out, [lead]
 
     def _drop_broadcast_units(self, v: TensorValue, in_map: str, rank: int) -> tuple[TensorValue, str]:
         """An input read at a constant 0 in a unit dim (a ``[B, 1]`` graph input broadcast along a

@@ -273,3 +273,24 @@ def test_rows_longer_than_a_window_copy_in_vector_pieces(case):
     assert "copy-rows" in _strategies(fn, *args)
     one, two = _run_both_thread_counts(fn, *args)
     assert torch.equal(one, fn(*args)) and torch.equal(two, fn(*args))
+
+
+@pytest.mark.parametrize("case", ["pool", "pool-keepdim", "strided", "var"])
+def test_a_reduction_over_trailing_dims_is_one_row_reduction(case):
+    """``mean((2, 3))`` of an NCHW tensor (global average pooling) reduces rows of ``H·W``: the
+    trailing dims are collapsed first, so the row is vectorized whole instead of one short
+    vector step per row of ``W`` (0.33-0.39x eager at (32, 64, 56, 56))."""
+    g = torch.Generator().manual_seed(0)
+    fn, x = {
+        "pool": (lambda x: x.mean((2, 3)), torch.randn(4, 16, 28, 28, generator=g)),
+        "pool-keepdim": (lambda x: x.mean((-1, -2), keepdim=True), torch.randn(4, 16, 28, 28, generator=g)),
+        "strided": (lambda x: x.sum((2, 3)), torch.randn(4, 16, 28, 30, generator=g).transpose(2, 3)),
+        "var": (lambda x: x.var((1, 2), keepdim=True), torch.randn(64, 12, 40, generator=g)),
+    }[case]
+    _, lowered = lower(fn, x)
+    reductions = [len(k.reduction_dims) == 1 for k in lowered.kernels if k.kind == "reduction"]
+    # (var's second sum reads (x - mean)^2 lazily, through its producers: left as it was)
+    assert reductions and (any if case == "var" else all)(reductions)
+    one, two = _run_both_thread_counts(fn, x)
+    _close_to_reference(one, fn, (x,))
+    assert torch.equal(one, two)
