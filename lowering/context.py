@@ -36,12 +36,22 @@ class BodyBuilder(ScalarBuilder):
         """The current iteration index of loop ``dim`` as an ``i64`` scalar."""
         raw = self.namer("i")
         self.lines.append(f"{self.indent}{raw} = linalg.index {dim} : index{self.loc}")
-        return self._emit(f"arith.index_cast {raw} : index to i64", torch.int64)
+        out = self._emit(f"arith.index_cast {raw} : index to i64", torch.int64)
+        self._loop_indices[out.name] = raw
+        return out
+
+    @property
+    def _loop_indices(self) -> dict[str, str]:
+        """The ``i64`` scalars that are loop indices, each with the ``linalg.index`` it came from."""
+        return self.__dict__.setdefault("_loop_index_names", {})
 
     def extract(self, t: TensorValue, indices: Sequence[Scalar]) -> Scalar:
         """``tensor.extract`` of ``t`` at i64 ``indices`` (a gather; caller guarantees bounds)."""
         idx = []
         for s in indices:
+            if s.name in self._loop_indices:  # a loop index as is (the vectorizer sees a contiguous read)
+                idx.append(self._loop_indices[s.name])
+                continue
             name = self.namer("x")
             self.lines.append(f"{self.indent}{name} = arith.index_cast {s.name} : i64 to index{self.loc}")
             idx.append(name)

@@ -43,7 +43,8 @@ TENSOR_OPT = "canonicalize,cse"
 BUFFERIZE = ("empty-tensor-to-alloc-tensor,"
              "one-shot-bufferize{bufferize-function-boundaries=0},canonicalize,"
              "buffer-deallocation-pipeline,convert-bufferization-to-memref")
-LOOPS = "func.func(convert-linalg-to-loops),canonicalize,cse"
+# (an scf.forall no strategy turned into OpenMP, e.g. a rule's forall under ``loops``, runs in order)
+LOOPS = "func.func(convert-linalg-to-loops,scf-forall-to-for),canonicalize,cse"
 # allocations go through the kernel runtime's caching allocator (neuron_compile/kernel_runtime.py)
 MEMREF_TO_LLVM = "finalize-memref-to-llvm{use-generic-functions=true}"
 TO_LLVM = ("arith-emulate-unsupported-floats{source-types=bf16 target-type=f32},"

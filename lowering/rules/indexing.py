@@ -41,11 +41,57 @@ def _gather_generic(ctx: LoweringContext, src: TensorValue, indices: list[Tensor
     return ctx.generic(indices, maps, init, ctx.identity_map(rank), ["parallel"] * rank, body)
 
 
+ROW_GATHER_MIN = 16   # elements per row from which whole rows are copied (below: one generic)
+
+
+def _gather_rows(ctx: LoweringContext, src: TensorValue, idx: TensorValue) -> TensorValue:
+    """``out[i...] = src[idx[i...]]`` for whole rows of ``src`` (``embedding``, ``index_select``
+    on dim 0): an ``scf.forall`` over the index tensor (the ``forall-loop`` strategy runs it on
+    the thread pool), each iteration one ``tensor.extract_slice`` of a source row put into the
+    output with ``tensor.parallel_insert_slice``, which bufferize into one contiguous ``memcpy``
+    per row. As one ``linalg.generic`` reading ``tensor.extract`` per element the gather stayed
+    scalar loops (the vectorizer makes a ``vector.gather`` of it: it cannot tell that the row
+    index is uniform across a vector): embedding 50257×768 at (8, 128) ran at 0.07-0.10x eager.
+    Indices wrap and clamp as :func:`_safe_index` (eager raises on an index out of range; a
+    kernel cannot)."""
+    idx = ctx.materialize(idx)
+    rows = tuple(src.shape[1:])
+    out_shape = tuple(idx.shape) + rows
+    init = ctx.empty(out_shape, src.dtype)
+    if numel(out_shape) == 0:
+        return init
+    nm, lines, loc = ctx.body.namer, ctx.body.lines, ctx.loc
+    tag, info = ctx.tagged_kernel("loop", [src, idx], [init])
+    info.attrs["forall"] = True
+    ctx.body.used_as_init(init)
+    ivs, shared, res = [nm("i") for _ in idx.shape], nm("acc"), nm("t")
+    lines.append(f"    {res} = scf.forall ({', '.join(ivs)}) in ({', '.join(map(str, idx.shape))}) "
+                 f"shared_outs({shared} = {init.name}) -> ({init.type}) {{")
+    b = BodyBuilder(nm, lines, indent="      ", loc=loc)
+    raw = b._emit(f"tensor.extract {idx.name}[{', '.join(ivs)}] : {idx.type}", idx.dtype)
+    safe = _safe_index(b, raw, src.shape[0])
+    r, row = nm("x"), nm("t")
+    row_t = tensor_type(rows, src.dtype)
+    tail = ", ".join(map(str, rows))
+    lines += [f"      {r} = arith.index_cast {safe.name} : i64 to index",
+              f"      {row} = tensor.extract_slice {src.name}[{r}{', 0' * len(rows)}] [1, {tail}] "
+              f"[{', '.join(['1'] * src.rank)}] : {src.type} to {row_t}",
+              "      scf.forall.in_parallel {",
+              f"        tensor.parallel_insert_slice {row} into {shared}[{', '.join(ivs)}{', 0' * len(rows)}] "
+              f"[{', '.join(['1'] * idx.rank)}, {tail}] [{', '.join(['1'] * len(out_shape))}] : {row_t} into {init.type}",
+              "      }",
+              f"    }} {tag} {loc}"]
+    ctx.body.add_kernel(info)
+    return TensorValue(res, out_shape, src.dtype)
+
+
 @register_lowering(aten.embedding.default)
 def lower_embedding(ctx: LoweringContext, weight: TensorValue, indices: TensorValue, padding_idx=-1,
                     scale_grad_by_freq=False, sparse=False) -> TensorValue:
     out_shape, _ = ctx.out_spec()
     k = indices.rank
+    if weight.rank == 2 and k >= 1 and weight.shape[1] >= ROW_GATHER_MIN:
+        return _gather_rows(ctx, weight, indices)
 
     def coords(b: BodyBuilder, idx):
         return [_safe_index(b, idx[0], weight.shape[0]), b.index(k)]
@@ -71,6 +117,8 @@ def lower_index_select(ctx: LoweringContext, x: TensorValue, dim: int, index: Te
     if x.rank == 0:  # a 0-d tensor has one element: the (only valid) index 0 selects it
         return ctx.reshape(x, out_shape)
     dim = dim % max(x.rank, 1)
+    if dim == 0 and x.rank >= 2 and index.rank == 1 and numel(x.shape[1:]) >= ROW_GATHER_MIN:
+        return _gather_rows(ctx, x, index)
 
     def coords(b: BodyBuilder, idx):
         return [(_safe_index(b, idx[0], x.shape[d]) if d == dim else b.index(d)) for d in range(x.rank)]

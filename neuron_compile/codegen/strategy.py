@@ -102,13 +102,13 @@ class Strategy(Protocol):
 
 def strategies() -> tuple[Strategy, ...]:
     """Every strategy, in selection order (the first whose ``select`` returns a schedule wins)."""
-    from neuron_compile.codegen.strategies.loops import Loops
+    from neuron_compile.codegen.strategies.loops import ForallLoop, Loops
     from neuron_compile.codegen.strategies.fused_rows import FusedRows
     from neuron_compile.codegen.strategies.matmul import MatmulTiled
     from neuron_compile.codegen.strategies.transpose import TransposeTiles
     from neuron_compile.codegen.strategies.vector import ColumnReduction, CopyRows, Pointwise, RowReduction
     return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), CopyRows(), TransposeTiles(),
-            Loops())
+            ForallLoop(), Loops())
 
 
 def strategy_named(name: str) -> Strategy:

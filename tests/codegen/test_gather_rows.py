@@ -1,0 +1,53 @@
+"""Row gathers (``embedding``, ``index_select`` on dim 0) copy whole rows in an ``scf.forall``
+(``forall-loop``): a gather only moves values, so the result must equal eager bit for bit, at 1
+and 2 threads, for several index ranks and dtypes, and under the ``loops`` strategy (the forall
+then runs as a sequential loop)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile.codegen import TargetInfo, plan_codegen
+from tests.conftest import neuron_compile
+from tests.helpers import at_one_and_two_threads
+from tests.ir.lower import lower
+
+G = torch.Generator().manual_seed(0)
+CASES = {
+    "embedding": (lambda w, i: F.embedding(i, w), (torch.randn(1000, 64, generator=G),
+                                                    torch.randint(0, 1000, (4, 33), generator=G))),
+    "embedding-1d-index": (lambda w, i: F.embedding(i, w) * 2, (torch.randn(50, 40, generator=G),
+                                                                torch.randint(0, 50, (70,), generator=G))),
+    "index-select-float64": (lambda x, i: x.index_select(0, i),
+                              (torch.randn(30, 6, 5, generator=G, dtype=torch.float64),
+                               torch.randint(0, 30, (45,), generator=G))),
+    "index-select-int64": (lambda x, i: x.index_select(0, i) + 1,
+                           (torch.randint(-2**40, 2**40, (64, 24), generator=G), torch.randint(0, 64, (9,), generator=G))),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_row_gathers_equal_eager(case):
+    fn, args = CASES[case]
+    _, lowered = lower(fn, *args)
+    strategies = [s.strategy for s in plan_codegen(lowered.kernels, TargetInfo(), uses=lowered.value_uses).schedules]
+    assert "forall-loop" in strategies
+    one, two = at_one_and_two_threads(neuron_compile(fn), *args)
+    expected = fn(*args)
+    assert torch.equal(one, expected) and torch.equal(two, expected)
+
+
+def test_a_row_gather_under_the_loops_strategy_runs_in_order():
+    fn, args = CASES["embedding"]
+    out = neuron_compile(fn, options={"schedule": '{"*": "loops"}', "cache": False})(*args)
+    assert torch.equal(out, fn(*args))
+
+
+def test_short_rows_and_other_dims_stay_one_generic():
+    # rows under ROW_GATHER_MIN elements, and a gather along dim 1: the per-element generic
+    for fn, args in ((lambda w, i: F.embedding(i, w), (torch.randn(100, 4), torch.randint(0, 100, (64,)))),
+                     (lambda x, i: x.index_select(1, i), (torch.randn(64, 100), torch.randint(0, 100, (32,))))):
+        _, lowered = lower(fn, *args)
+        assert all(k.kind != "loop" for k in lowered.kernels)
+        assert torch.equal(neuron_compile(fn)(*args), fn(*args))
