@@ -13,6 +13,7 @@ kept in the process for every backend alike (:func:`steady_malloc`). Ratios are 
 Inductor) / ours`` (> 1: we are faster); GEMMs also show GFLOP/s and ours as % of ``torch.mm`` (eager).
 
     python -m benchmarks [--threads 1 2] [--only gemm softmax ...] [--skip-heavy] [--out DIR]
+    python -m benchmarks --kinds [...]      # op kinds at model sizes instead (benchmarks/op_kinds.py)
 
 Writes ``DIR/benchmarks.json`` (every number) and ``DIR/benchmarks.png`` (ratio bars).
 """
@@ -35,6 +36,7 @@ import torch
 import torch._inductor.utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.op_kinds import kind_workloads  # noqa: E402
 from benchmarks.workloads import Workload, workloads  # noqa: E402
 
 BACKENDS = ("eager", "inductor", "neuron")
@@ -180,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--only", nargs="+", help="run workloads whose name contains any of these words")
     ap.add_argument("--skip-heavy", action="store_true", help="skip GEMM 2048 and GPT-2 (minutes each)")
+    ap.add_argument("--kinds", action="store_true", help="run the op-kind workloads (benchmarks/op_kinds.py) instead")
     ap.add_argument("--min-rounds", type=int, default=7)
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of timed rounds per workload (at least)")
     ap.add_argument("--out", default=".", help="directory for benchmarks.json and benchmarks.png")
@@ -200,11 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("NEURON_CACHE_DIR", tempfile.mkdtemp(prefix="bench-neuron-cache-"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-cache-"))
     torch._inductor.config.fx_graph_cache = False  # Inductor compiles cold too (it bakes thread counts in)
-    chosen = [w for w in workloads() if (not args.only or any(o in w.name for o in args.only))
+    pool = kind_workloads() if args.kinds else workloads()
+    chosen = [w for w in pool if (not args.only or any(o in w.name for o in args.only))
               and not (args.skip_heavy and w.heavy)]
     if not chosen:
         ap.error("no workload matches --only " + " ".join(args.only or []) + " (with --skip-heavy: " +
-                 str(args.skip_heavy) + "); workloads: " + ", ".join(w.name for w in workloads()))
+                 str(args.skip_heavy) + "); workloads: " + ", ".join(w.name for w in pool))
     records = []
     for t in args.threads:
         for w in chosen:
