@@ -120,9 +120,9 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> t
     from memory, ours/eager in one process: softmax 4096×1024 0.87–0.92 → 0.96–0.99 (16 rows),
     layer_norm 1.22 → 1.33 (32 rows); a C model of the softmax kernel: 64-row blocks 1.52 ms,
     one row 1.19. Rows whose temporaries do not fit: blocks whose row outputs fill half of L2, on
-    the heap, as before. Rows are counted over all ``p`` row dims (:func:`~.vector.block_tiles`), with at
-    least four blocks for the threads: softmax over ``(1, 12, 128, 128)`` is 48 blocks of 32 rows,
-    not one block per batch."""
+    the heap, as before. Rows are counted over all ``p`` row dims (:func:`~.vector.block_tiles`), with
+    at least four blocks for the threads: softmax over ``(1, 12, 128, 128)`` is 12 blocks of 128 rows,
+    not one block for both threads."""
     lead = group[0].ranges[:p]
     n = math.prod(lead)
     row = max(1, _row_bytes(group, p))

@@ -28,7 +28,7 @@ from neuron_compile.codegen.strategies import vector
 from neuron_compile.codegen.transform import ANY, VECTOR_CLEANUP, SequenceWriter
 
 MIN_TILE = 4   # a dim no power-of-two tile of at least this many elements divides keeps ``loops``
-_BITS = {torch.float32: 32, torch.int32: 32, torch.float64: 64, torch.int64: 64}
+TYPES = (torch.float32, torch.int32, torch.float64, torch.int64)   # (the shuffle lowerings' element types)
 
 
 def _pow2_tile(n: int, lanes: int) -> int:
@@ -50,13 +50,13 @@ class TransposeTiles:
         if len(k.operands) != 2 or not perm or perm[-1] == len(perm) - 1:
             return None   # (a transpose keeping the last dim last is copy-rows)
         src, dst = k.operands
-        if src.dtype != dst.dtype or src.dtype not in _BITS or (src.strides is not None and src.strides[-1] != 1):
+        if src.dtype != dst.dtype or src.dtype not in TYPES or (src.strides is not None and src.strides[-1] != 1):
             return None
         shape, rank = list(dst.shape), len(perm)
         if math.prod(shape) < vector.MIN_CHUNK:
             return None
         a, b = perm.index(rank - 1), rank - 1   # output dims read / written contiguously
-        lanes = max(1, target.vector_bits // _BITS[src.dtype])
+        lanes = max(1, target.vector_bits // vector.element_bits(src.dtype))
         tile = [_pow2_tile(shape[a], lanes), _pow2_tile(shape[b], lanes)]
         if min(tile) < MIN_TILE:
             return None

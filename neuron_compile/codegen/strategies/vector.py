@@ -90,10 +90,15 @@ def classify(k: KernelInfo) -> str | None:
     return "row-reduction" if k.iterators[k.contiguous_dim] == "reduction" else "column-reduction"
 
 
+def element_bits(dtype: torch.dtype) -> int:
+    """Bits of one element of ``dtype`` (32 for a type not listed)."""
+    return _BITS.get(str(dtype).replace("torch.", ""), 32)
+
+
 def lanes(k: KernelInfo, target: TargetInfo) -> int:
     """One register of the narrowest element type among the operands spanning the contiguous dim."""
     c = k.contiguous_dim
-    bits = [_BITS.get(str(o.dtype).replace("torch.", ""), 32) for o in k.operands if c in o.dims()]
+    bits = [element_bits(o.dtype) for o in k.operands if c in o.dims()]
     return max(1, target.vector_bits // min(bits or [32]))
 
 
@@ -379,7 +384,7 @@ class CopyRows:
         forall = [t if t < m else 0 for t, m in zip(block_tiles(outer, math.ceil(n / chunks)), outer)] + [0]
         params: dict = {"forall": forall}
         if shape[-1] > WINDOW_ROW:   # pieces of whole vectors, dividing the row where some do
-            vl = max(1, target.vector_bits // _BITS.get(str(src.dtype).replace("torch.", ""), 32))
+            vl = max(1, target.vector_bits // element_bits(src.dtype))
             params["piece"] = divisor_tile(shape[-1], WINDOW_ROW, vl) or WINDOW_ROW
         return Schedule(self.name, params)
 
