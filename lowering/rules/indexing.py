@@ -117,6 +117,8 @@ def lower_index_select(ctx: LoweringContext, x: TensorValue, dim: int, index: Te
     if x.rank == 0:  # a 0-d tensor has one element: the (only valid) index 0 selects it
         return ctx.reshape(x, out_shape)
     dim = dim % max(x.rank, 1)
+    if index.rank == 0:  # a 0-d index selects like a 1-element one (eager's result keeps the dim)
+        index = ctx.reshape(ctx.materialize(index), (1,))
     if dim == 0 and x.rank >= 2 and index.rank == 1 and numel(x.shape[1:]) >= ROW_GATHER_MIN:
         return _gather_rows(ctx, x, index)
 

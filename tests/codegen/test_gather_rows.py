@@ -51,3 +51,11 @@ def test_short_rows_and_other_dims_stay_one_generic():
         _, lowered = lower(fn, *args)
         assert all(k.kind != "loop" for k in lowered.kernels)
         assert torch.equal(neuron_compile(fn)(*args), fn(*args))
+
+
+@pytest.mark.parametrize("shape", [(64, 24), (64,), (5, 3)])
+def test_a_0d_index_selects_one_row_keeping_the_dim(shape):
+    # (a 0-d index made a linalg.generic whose index map had one result for a rank-0 operand)
+    x = torch.randn(shape)
+    fn = lambda x, i: x.index_select(0, i)  # noqa: E731
+    assert torch.equal(neuron_compile(fn)(x, torch.tensor(3)), fn(x, torch.tensor(3)))
