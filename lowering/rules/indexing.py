@@ -21,6 +21,17 @@ aten = torch.ops.aten
 
 
 def _safe_index(b: BodyBuilder, idx: Scalar, size: int) -> Scalar:
+    """``idx`` wrapped (negative: from the end) and clamped into ``[0, size)``: an index out of
+    range reads the nearest row instead of outside the tensor (eager raises ``IndexError``).
+
+    Raises:
+        IndexError: ``size`` is 0 (only reached when the result is not empty): every index is out of
+            range and there is no row to clamp to (reading one crashed the process); the emitter
+            reports it as a ``LoweringError`` naming the op and the user's line.
+    """
+    if size == 0:
+        raise IndexError("indexing a dimension of size 0: every index is out of range (eager raises "
+                         "IndexError when the model runs); check the tensor being indexed")
     idx = b.cast(idx, torch.int64)
     zero, n = b.const(0, torch.int64), b.const(size, torch.int64)
     idx = b.select(b.cmp("lt", idx, zero), b.add(idx, n), idx)

@@ -59,3 +59,21 @@ def test_a_0d_index_selects_one_row_keeping_the_dim(shape):
     x = torch.randn(shape)
     fn = lambda x, i: x.index_select(0, i)  # noqa: E731
     assert torch.equal(neuron_compile(fn)(x, torch.tensor(3)), fn(x, torch.tensor(3)))
+
+
+@pytest.mark.parametrize("case", ["embedding", "index-select", "index", "gather"])
+def test_indexing_an_empty_dimension_is_a_compile_error_not_a_crash(case):
+    """Every index into a dimension of size 0 is out of range (eager raises IndexError); clamping
+    had no row to clamp to, and the kernel read outside the tensor: the process died (SIGSEGV,
+    found by the fresh-user trial). Now lowering fails with the op and the user's line."""
+    fn, args = {
+        "embedding": (lambda i, w: F.embedding(i, w), (torch.tensor([0, 0]), torch.randn(0, 32))),
+        "index-select": (lambda w, i: w.index_select(0, i), (torch.randn(0, 32), torch.tensor([0]))),
+        "index": (lambda w, i: w[i], (torch.randn(0, 4), torch.tensor([0]))),
+        "gather": (lambda w, i: torch.gather(w, 0, i), (torch.randn(0, 4), torch.zeros(2, 4, dtype=torch.long))),
+    }[case]
+    with pytest.raises(Exception) as info:
+        neuron_compile(fn, options={"cache": False})(*args)
+    assert "dimension of size 0" in str(info.value) and "test_gather_rows.py" in str(info.value)
+    # an empty result from an empty table stays fine
+    assert neuron_compile(lambda i, w: F.embedding(i, w))(torch.zeros(0, dtype=torch.long), torch.randn(0, 32)).shape == (0, 32)
