@@ -61,11 +61,9 @@ class TransposeTiles:
         if min(tile) < MIN_TILE:
             return None
         outer = [d for d in range(rank) if d != b]
-        n = math.prod(shape[d] for d in outer)
-        chunks = max(1, min(vector.CHUNKS, math.prod(shape) // vector.MIN_CHUNK))
         forall = [0] * rank
-        for d, t in zip(outer, vector.block_tiles([shape[d] for d in outer], math.ceil(n / chunks))):
-            if d == a:   # whole register tiles per block
+        for d, t in zip(outer, vector.chunk_tiles([shape[d] for d in outer], math.prod(shape))):
+            if d == a and t:   # whole register tiles per block
                 t = vector.divisor_tile(shape[a], max(t, tile[0]), tile[0]) or tile[0]
             forall[d] = t if t < shape[d] else 0
         return Schedule(self.name, {"forall": forall, "tile": tile, "dims": [a, b],

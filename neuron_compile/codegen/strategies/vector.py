@@ -139,6 +139,15 @@ def block_tiles(lead: Sequence[int], rows: int) -> list[int]:
     return tiles
 
 
+def chunk_tiles(lead: Sequence[int], elements: int) -> list[int]:
+    """Forall tile sizes over the dims ``lead`` of a kernel of ``elements`` elements: about
+    :data:`CHUNKS` blocks of at least :data:`MIN_CHUNK` elements (:func:`block_tiles`), 0 for a
+    dim a block covers whole (not tiled)."""
+    n = math.prod(lead)
+    chunks = max(1, min(n, CHUNKS, elements // MIN_CHUNK))
+    return [t if t < m else 0 for t, m in zip(block_tiles(lead, math.ceil(n / chunks)), lead)]
+
+
 def _forall_over(k: KernelInfo, dims: list[int]) -> list[int]:
     """Tile the parallel dims from ``dims[0]`` on (the run of consecutive ones in ``dims``, unit
     dims between them included) into about CHUNKS blocks of at least MIN_CHUNK elements. Over the
@@ -150,11 +159,8 @@ def _forall_over(k: KernelInfo, dims: list[int]) -> list[int]:
     while run[-1] + 1 < len(k.ranges) and (run[-1] + 1 in dims or k.ranges[run[-1] + 1] == 1) \
             and k.iterators[run[-1] + 1] == "parallel" and run[-1] + 1 != k.contiguous_dim:
         run.append(run[-1] + 1)
-    lead = [k.ranges[d] for d in run]
-    n = math.prod(lead)
-    chunks = max(1, min(n, CHUNKS, math.prod(k.ranges) // MIN_CHUNK))
-    for d, t in zip(run, block_tiles(lead, math.ceil(n / chunks))):
-        sizes[d] = t if t < k.ranges[d] else 0
+    for d, t in zip(run, chunk_tiles([k.ranges[d] for d in run], math.prod(k.ranges))):
+        sizes[d] = t
     return sizes
 
 
@@ -379,9 +385,7 @@ class CopyRows:
         outer = list(shape[:-1])
         if math.prod(outer) < 2:
             return None
-        n = math.prod(outer)
-        chunks = max(1, min(n, CHUNKS, math.prod(shape) // MIN_CHUNK))
-        forall = [t if t < m else 0 for t, m in zip(block_tiles(outer, math.ceil(n / chunks)), outer)] + [0]
+        forall = chunk_tiles(outer, math.prod(shape)) + [0]
         params: dict = {"forall": forall}
         if shape[-1] > WINDOW_ROW:   # pieces of whole vectors, dividing the row where some do
             vl = max(1, target.vector_bits // element_bits(src.dtype))
