@@ -161,13 +161,16 @@ def _fused_rows_params(fn, *args, target=AVX2):
 
 
 def test_row_blocks_are_small_with_stack_temporaries_where_they_fit():
-    # softmax 4096x1024 float32: max, exp, sum, divide write 8 KB a row; an eighth of a 1 MB L2 is
-    # 16 rows, whose temporaries (the exp rows and two per-row scalars: 64 KB) go on the stack
+    # softmax 4096x1024 float32: max, exp, sum, divide write 8 KB a row, at least ROW_BLOCK_BYTES:
+    # blocks of one row, whose temporaries (the exp row and two scalars: 4 KB) go on the stack
     zen5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20)
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 1024), target=zen5)
-    assert (p["rows"], p.get("stack")) == (16, True)
-    # rows of 40,000 floats: one row's exp temporary alone is 160 KB, over the stack budget: blocks
-    # sized to half of L2 on the heap, as before (one row: 320 KB of row outputs in a 1 MB L2)
+    assert (p["rows"], p.get("stack")) == (1, True)
+    # rows of 128 floats write 1 KB: an eighth of a 1 MB L2 is 128 rows, whose temporaries (the
+    # exp rows and two per-row scalars: 65 KB) go on the stack
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 128), target=zen5)
+    assert (p["rows"], p.get("stack")) == (128, True)
+    # rows of 40,000 floats: one row's exp temporary alone is 160 KB, over the stack budget: on the heap
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 40000), target=zen5)
     assert (p["rows"], p.get("stack")) == (1, None)
 
@@ -177,8 +180,8 @@ def test_row_blocks_span_every_leading_dim():
     the first alone made (8, 512, 1024) 8 blocks of 2 MB on the heap, and (1, 12, 128, 128) one
     block for both threads (0.6-0.8x eager, measured on Zen 5)."""
     zen5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20)
-    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 512, 1024), target=zen5)
-    assert (p["block"], p["rows"], p.get("stack")) == ([1, 16], 16, True)   # as 4096 rows of 1024
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 512, 128), target=zen5)
+    assert (p["block"], p["rows"], p.get("stack")) == ([1, 128], 128, True)   # as 4096 rows of 128
     # a keepdim reduction over a unit batch dim is read at (d0, d1, d2), not through a
     # collapse_shape that dropped d0: the whole chain fuses, in 12 x 1 blocks of 128 rows
     _, lowered = lower(lambda x: x.softmax(-1), torch.randn(1, 12, 128, 128))
@@ -186,7 +189,7 @@ def test_row_blocks_span_every_leading_dim():
     assert {s.strategy for s in plan.schedules} == {"fused-rows"}
     assert plan.schedules[0].params["block"] == [1, 1, 128]
     # whole inner dims, then a divisor of the next outer one
-    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(64, 4, 256), target=zen5)
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(64, 4, 64), target=zen5)
     assert p["block"][1] == 4 and 64 % p["block"][0] == 0 and p["rows"] == 4 * p["block"][0] <= 64
 
 

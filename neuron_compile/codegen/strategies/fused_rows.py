@@ -11,7 +11,8 @@ DRAM once, and intermediates never leave the cache (Inductor's row-wise reductio
 softmax kernel get the same locality by looping per row). Measured by the schedule's research on
 Zen 1: softmax 4096×1024 15.9 → 14.1 ms, layer_norm 128×768 0.234 → 0.179 ms, 1 thread. When the
 chain reads a graph input larger than L2 twice, the member that re-reads it first also prefetches
-the next block's rows (:func:`prefetch_member`, :mod:`neuron_compile.codegen.prefetch`).
+the next block's rows, in blocks of one row the last member to read it the rows a few KB ahead
+(:func:`prefetch_member`, :mod:`neuron_compile.codegen.prefetch`).
 
 A chain qualifies when every kernel is a pointwise or row-reduction kernel over the same leading
 (parallel) dims with the contiguous dim last, and every result but the last one's is used only by
@@ -36,6 +37,8 @@ from neuron_compile.lowering.ir import contiguous_strides
 _INNER = {"pointwise": vector.Pointwise(), "row-reduction": vector.RowReduction()}
 STACK_BYTES = 128 << 10  # a block's temporaries on the stack, at most
 STACK_SHARE = 8          # ... and at most this share of the smallest thread stack (OMP_STACKSIZE)
+ROW_BLOCK_BYTES = 2 << 10  # rows whose outputs take at least this many bytes: blocks of one row
+AHEAD_BYTES = 8 << 10      # ... each prefetching the row this many bytes of input further on
 
 
 def _row_kernel(k: KernelInfo) -> bool:
@@ -110,22 +113,32 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> t
     """(tile sizes of the forall over the ``p`` row dims, whether the block's temporaries live on
     the stack).
 
-    Small blocks first: the chain's row outputs fill an eighth of L2 and the temporaries (every
-    member's outputs but the last's) go on the stack, at most :data:`STACK_BYTES` and an eighth of
-    the smallest thread stack (``OMP_STACKSIZE=256K`` leaves 32 KB: a deeper stack than the
-    threads have would crash the caller's process). Then the
-    hardware prefetcher streams the next rows while a block is computed, which a large block
-    defeats (its first pass alone reads from memory, its exp pass alone computes), and no block
-    pays a ``malloc`` and ``free`` for its temporaries. Measured on Zen 5, 1 thread, input read
-    from memory, ours/eager in one process: softmax 4096×1024 0.87–0.92 → 0.96–0.99 (16 rows),
-    layer_norm 1.22 → 1.33 (32 rows); a C model of the softmax kernel: 64-row blocks 1.52 ms,
-    one row 1.19. Rows whose temporaries do not fit: blocks whose row outputs fill half of L2, on
-    the heap, as before. Rows are counted over all ``p`` row dims (:func:`~.vector.block_tiles`), with
-    at least four blocks for the threads: softmax over ``(1, 12, 128, 128)`` is 12 blocks of 128 rows,
-    not one block for both threads."""
+    Small blocks: then the hardware prefetcher streams the next rows while a block is computed,
+    which a large block defeats (its first pass alone reads from memory, its exp pass alone
+    computes), and where the temporaries (every member's outputs but the last's) fit in
+    :data:`STACK_BYTES` and an eighth of the smallest thread stack (``OMP_STACKSIZE=256K`` leaves
+    32 KB: a deeper stack than the threads have would crash the caller's process), they go on the
+    stack and no block pays a ``malloc`` and ``free``; otherwise they go on the heap.
+
+    - Rows whose outputs take :data:`ROW_BLOCK_BYTES` or more: one row per block, which prefetches
+      the row :data:`AHEAD_BYTES` further on in the last pass that reads the input
+      (:func:`prefetch_member`). A C model of layer_norm 4096×1024 (1 thread, eight inputs in turn,
+      so every read comes from memory) took 1.02–1.15 ms in 32-row blocks, 0.99–1.02 in 16-row
+      blocks prefetching the next block, 0.92–0.96 in one-row blocks and 0.73–0.79 in one-row
+      blocks prefetching two rows ahead in the normalize pass. With the generated kernels, eight
+      ratios to eager (softmax and layer_norm over 1024 and 512 columns, 1 | 2 threads) moved by
+      -1…+9 %: within this VM's spread, never clearly worse.
+    - Shorter rows: the chain's row outputs fill an eighth of L2 (half of it when the temporaries
+      go on the heap), counted over all ``p`` row dims (:func:`~.vector.block_tiles`), with at
+      least four blocks for the threads: softmax over ``(1, 12, 128, 128)`` is 12 blocks of 128
+      rows, not one block for both threads. Measured on Zen 5, 1 thread, input read from memory,
+      ours/eager in one process: softmax 4096×1024 0.87–0.92 → 0.96–0.99 in 16-row blocks,
+      layer_norm 1.22 → 1.33 in 32-row blocks (before one-row blocks)."""
     lead = group[0].ranges[:p]
     n = math.prod(lead)
     row = max(1, _row_bytes(group, p))
+    if row >= ROW_BLOCK_BYTES and n >= 4:
+        return [1] * p, _row_bytes(group[:-1], p) <= min(STACK_BYTES, target.stack_bytes // STACK_SHARE)
 
     def tiles_filling(l2_share: int) -> list[int]:  # rows whose outputs fill 1/l2_share of L2
         return vector.block_tiles(lead, max(1, min(n // 4 or 1, target.l2_bytes // l2_share // row)))
@@ -140,9 +153,7 @@ def prefetch_member(group: Sequence[KernelInfo], tiles: Sequence[int], target: T
     or ``None``: the first member to re-read a graph input (strides known) that is indexed by row
     (``d0, ..., d{p-1}`` first, rank > p), row-major contiguous (the layout the rewrite handles)
     and larger than L2, i.e. one the first pass streams from memory and the next block will stream
-    again. Blocks of one row have no row loop to mark."""
-    if math.prod(tiles) < 2:
-        return None
+    again. In blocks of one row its loop over the row's columns is marked instead (:func:`ahead`)."""
     p = len(tiles)
     made = {r for k in group for r in k.results}
     readers: dict[str, list[int]] = {}
@@ -152,8 +163,18 @@ def prefetch_member(group: Sequence[KernelInfo], tiles: Sequence[int], target: T
             if o.value not in made and row_major and len(o.shape) > p and tuple(o.exprs[:p]) == _rows_at(p) \
                     and o.nbytes > target.l2_bytes and k.id not in readers.get(o.value, ()):
                 readers.setdefault(o.value, []).append(k.id)
+    if math.prod(tiles) == 1:  # one row: the pass that writes the row's output fetches the next rows
+        last = [ids[-1] for ids in readers.values() if len(ids) > 1]
+        return max(last) if last else None
     second = [ids[1] for ids in readers.values() if len(ids) > 1]
     return min(second) if second else None
+
+
+def ahead(group: Sequence[KernelInfo], p: int) -> int:
+    """Rows ahead a one-row block prefetches: :data:`AHEAD_BYTES` of the chain's widest input row."""
+    widest = max((math.prod(o.shape[p:]) * o.dtype.itemsize for k in group for o in k.inputs if len(o.shape) > p),
+                 default=AHEAD_BYTES)
+    return max(1, math.ceil(AHEAD_BYTES / max(1, widest)))
 
 
 def _step_dim(lead: Sequence[int], tiles: Sequence[int]) -> int:
@@ -175,9 +196,11 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
             params["stack"] = True
         if streaming.streams(group, target):
             params["stream"] = True
-        ahead = prefetch_member(group, tiles, target)
-        if ahead is not None:
-            params["prefetch"] = ahead
+        member = prefetch_member(group, tiles, target)
+        if member is not None:
+            params["prefetch"] = member
+            if math.prod(tiles) == 1:
+                params["ahead"] = ahead(group, p)
         for k in group:
             out[k.id] = Schedule(FusedRows.name, params)
     return out
@@ -230,12 +253,15 @@ class FusedRows:
         for m in members:
             ext = list(tiles) + list(m.ranges[p:])
             h = w.match_kernel(m.id, loop)
-            if m.id == s.params.get("prefetch"):  # its own row loops, marked for the prefetch rewrite
+            mark = None
+            if m.id == s.params.get("prefetch") and "ahead" in s.params:  # one-row blocks: its column loop
+                mark = {prefetch.MARK: int(s.params["ahead"]), prefetch.DIM: _step_dim(lead, tiles)}
+            elif m.id == s.params.get("prefetch"):  # its own row loops, marked for the prefetch rewrite
                 h, row_loops = w.tile_for(h, [1 if t > 1 else 0 for t in tiles] + [0] * (len(m.ranges) - p))
                 d = _step_dim(lead, tiles)
                 w.annotate(row_loops[0], prefetch.MARK, tiles[d])
                 w.annotate(row_loops[0], prefetch.DIM, d)
                 ext[:p] = [1] * p
             strategy = _INNER[vector.classify(m)]
-            strategy.inner(w, m, int(s.params["steps"][str(m.id)]), h, ext, loop)
+            strategy.inner(w, m, int(s.params["steps"][str(m.id)]), h, ext, loop, mark)
         return w.text()

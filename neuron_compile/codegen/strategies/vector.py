@@ -204,7 +204,12 @@ class _VectorStrategy:
         self.inner(w, k, int(s.params["step"]), op, _extent_in_tile(k, forall), scope)
         return w.text()
 
-    def inner(self, w: SequenceWriter, k: KernelInfo, e: int, op: str, ext: list[int | None], scope: str) -> None:
+    def inner(self, w: SequenceWriter, k: KernelInfo, e: int, op: str, ext: list[int | None], scope: str,
+              mark: Mapping[str, int] | None = None) -> None:
+        """Tile ``op`` (extents ``ext`` inside ``scope``) into vector steps of ``e`` elements along
+        the contiguous dim and vectorize it; ``mark``: attributes put on the loop over the
+        contiguous dim (the prefetch rewrite's, :mod:`neuron_compile.codegen.prefetch`), if there
+        is one."""
         raise NotImplementedError
 
     @staticmethod
@@ -245,7 +250,7 @@ class Pointwise(_VectorStrategy):
             sizes[c] = 0
         return sizes
 
-    def inner(self, w, k, e, op, ext, scope):
+    def inner(self, w, k, e, op, ext, scope, mark=None):
         c, nd = k.contiguous_dim, len(k.ranges)
         sizes = [1 if d != c and (ext[d] is None or ext[d] > 1) else 0 for d in range(nd)]
         if not all(o.affine for o in k.operands):
@@ -268,6 +273,9 @@ class Pointwise(_VectorStrategy):
         if tile_c:
             sizes[c] = e
         op, loops = w.tile_for(op, sizes)
+        if tile_c:
+            for name, value in (mark or {}).items():
+                w.annotate(loops[-1], name, value)
         if tile_c and (n_c is None or n_c % e):
             main, rem = w.peel(loops[-1])
             if len(loops) > 1:
@@ -286,7 +294,7 @@ class RowReduction(_VectorStrategy):
         par = [d for d, it in enumerate(k.iterators) if it == "parallel" and k.ranges[d] > 1]
         return _forall_over(k, par)
 
-    def inner(self, w, k, e, op, ext, scope):
+    def inner(self, w, k, e, op, ext, scope, mark=None):
         c, nd = k.contiguous_dim, len(k.ranges)
         red = k.reduction_dims
         rows = [1 if it == "parallel" and (ext[d] is None or ext[d] > 1) else 0 for d, it in enumerate(k.iterators)]
@@ -311,6 +319,8 @@ class RowReduction(_VectorStrategy):
         w(f"{fill}, {part}, {comb}, {loop} = transform.structured.tile_reduction_using_for {op} by tile_sizes = "
           f"{rsizes} : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, "
           f"!transform.any_op)")
+        for name, value in (mark or {}).items():
+            w.annotate(loop, name, value)
         w.vectorize(fill)
         w.vectorize(comb)
         if tail is not None:
@@ -338,7 +348,7 @@ class ColumnReduction(_VectorStrategy):
                 sizes[d] = 1
         return sizes
 
-    def inner(self, w, k, e, op, ext, scope):
+    def inner(self, w, k, e, op, ext, scope, mark=None):
         c, nd = k.contiguous_dim, len(k.ranges)
         red = k.reduction_dims
         ec = ext[c]
