@@ -153,7 +153,8 @@ def prefetch_member(group: Sequence[KernelInfo], tiles: Sequence[int], target: T
     or ``None``: the first member to re-read a graph input (strides known) that is indexed by row
     (``d0, ..., d{p-1}`` first, rank > p), row-major contiguous (the layout the rewrite handles)
     and larger than L2, i.e. one the first pass streams from memory and the next block will stream
-    again. In blocks of one row its loop over the row's columns is marked instead (:func:`ahead`)."""
+    again. In blocks of one row, the last member to read such an input, whose loop over the row's
+    columns prefetches the row :func:`ahead` rows further on (:func:`block_plan`)."""
     p = len(tiles)
     made = {r for k in group for r in k.results}
     readers: dict[str, list[int]] = {}
