@@ -525,6 +525,8 @@ class LoweringContext:
                              f"{dest.type}", dest.shape, dest.dtype)
         src = self.materialize(src)
         tag, info = self.tagged_kernel("copy", [src], [dest])  # a copy loop
+        if not set(strides) <= {1}:
+            info.attrs["slice_strides"] = list(strides)   # stays a bare insert_slice (below)
         self.body.used_as_init(dest)
         if set(strides) <= {1}:
             # the copy as linalg.copy into the destination's slice, inserted back at the same place:

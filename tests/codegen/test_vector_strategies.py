@@ -297,3 +297,34 @@ def test_a_reduction_over_trailing_dims_is_one_row_reduction(case):
     one, two = _run_both_thread_counts(fn, x)
     _close_to_reference(one, fn, (x,))
     assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("shape", [(32, 1031), (8, 4097)])
+def test_a_strided_slice_scatter_of_long_rows_compiles_forward_and_backward(shape):
+    """``x[:, ::2]``'s backward scatters its gradient into every other column: a bare strided
+    ``tensor.insert_slice``, no ``linalg.copy`` for ``copy-rows`` to cut into pieces (rows over
+    512 elements failed to compile: "requires exactly one target handle"; found by a new user)."""
+    x = torch.randn(*shape, dtype=torch.float64)
+    cols = (shape[1] + 1) // 2
+    y = torch.randn(shape[0], cols)
+    assert "copy-rows" not in _strategies(lambda y: torch.zeros(*shape).slice_scatter(y, 1, 0, None, 2), y)
+    one, two = _run_both_thread_counts(lambda y: torch.zeros(*shape).slice_scatter(y, 1, 0, None, 2), y)
+    expected = torch.zeros(*shape).slice_scatter(y, 1, 0, None, 2)
+    assert torch.equal(one, expected) and torch.equal(two, expected)
+    a = x.float().requires_grad_()
+    neuron_compile(lambda a: a[:, ::2] * 2)(a).sum().backward()
+    ref = x.clone().requires_grad_()
+    (ref[:, ::2] * 2).sum().backward()
+    assert torch.equal(a.grad, ref.grad.float())
+
+
+@pytest.mark.parametrize("shape, dims", [((2, 16, 2), (0, 1)), ((2, 3, 5, 40), (0, 1, 2)), ((1, 4, 16), (0, 1))])
+def test_reducing_the_contiguous_dim_with_others_before_a_kept_dim(shape, dims):
+    """A sum over (0, 1) of a transposed ``(B, C, N)`` view reduces the contiguous dim together with
+    dim 0 and keeps the strided last dim (RMSNorm's weight gradient on a transposed input): it
+    failed to verify as a masked ``row-reduction`` step, and now runs as loops."""
+    x = torch.randn(*shape).transpose(-1, -2)
+    for fn in (lambda x: x.sum(dims), lambda x: x.amax(dims), lambda x: x.mean(dims)):
+        one, two = _run_both_thread_counts(fn, x)
+        _close_to_reference(one, fn, (x,))
+        assert torch.equal(one, two)

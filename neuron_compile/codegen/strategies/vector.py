@@ -87,7 +87,13 @@ def classify(k: KernelInfo) -> str | None:
         # (a reduction reading an input at a constant index failed to vectorize: "Attempted to
         # vectorize, but failed")
         return None
-    return "row-reduction" if k.iterators[k.contiguous_dim] == "reduction" else "column-reduction"
+    c = k.contiguous_dim
+    if k.iterators[c] == "reduction" and len(k.reduction_dims) > 1 and c != len(k.ranges) - 1:
+        # the contiguous dim reduced with others before a kept dim (a sum over (0, 1) of a transposed
+        # (B, N, C) view): the masked vector step fails to verify ("inferred mask type
+        # 'vector<16xi1>' and mask operand type 'vector<1xi1>' don't match"; found by a new user)
+        return None
+    return "row-reduction" if k.iterators[c] == "reduction" else "column-reduction"
 
 
 def element_bits(dtype: torch.dtype) -> int:
@@ -379,8 +385,8 @@ class CopyRows:
     cleanup: ClassVar[str] = VECTOR_CLEANUP
 
     def select(self, k: KernelInfo, target: TargetInfo) -> Schedule | None:
-        if len(k.operands) != 2:
-            return None
+        if len(k.operands) != 2 or k.attrs.get("slice_strides"):
+            return None   # (a strided slice_scatter is a bare tensor.insert_slice: no linalg.copy to tile)
         src = k.operands[0]
         shape = src.shape
         if k.kind == "transpose":
