@@ -134,6 +134,10 @@ class Executable:
         if not isinstance(t, torch.Tensor):
             raise RuntimeCallError(f"{self.name}: input {i} must be a tensor, got {type(t).__name__}")
         if t.shape != self._sizes[i] or t.dtype != spec.dtype or not t.is_cpu:
+            if t.shape == self._sizes[i] and t.dtype == spec.dtype:
+                raise RuntimeCallError(
+                    f"{self.name}: input {i} is on {t.device}, but neuron-compile's executables run on the "
+                    f"host CPU; move the inputs there first (`.cpu()`), or use another backend for {t.device}")
             raise RuntimeCallError(
                 f"{self.name}: input {i} is {tuple(t.shape)} {t.dtype} on {t.device}, but the executable was "
                 f"compiled for {spec.shape} {spec.dtype} on cpu; recompile for the new shape")

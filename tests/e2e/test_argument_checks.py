@@ -86,3 +86,12 @@ def test_pads_that_fit_the_dtype_still_compile():
         got = neuron_compile(fn)(arg)
         want = fn(arg.double()).to(arg.dtype)
         assert got.dtype == arg.dtype and torch.equal(got, want)
+
+
+def test_an_input_on_another_device_is_named_as_such():
+    """A ``meta`` tensor compiles (Dynamo traces it) but cannot run: the error names the device
+    and what to do, not a shape mismatch (the shapes agree; found by a new user)."""
+    from neuron_compile.errors import RuntimeCallError
+    fn = neuron_compile(lambda x: x.softmax(-1))
+    with pytest.raises(RuntimeCallError, match=r"input 0 is on meta.*host CPU.*\.cpu\(\)"):
+        fn(torch.empty(3, 513, device="meta"))
