@@ -7,7 +7,7 @@ mlir-opt 22.1.8; the traps are noted where they bit (exact messages in the strat
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 ANY = "!transform.any_op"
 FOR = '!transform.op<"scf.for">'
@@ -111,6 +111,11 @@ class SequenceWriter:
         p = self.fresh("p")
         self(f"{p} = transform.param.constant {value} : i64 -> !transform.param<i64>")
         self(f'transform.annotate {h} "{name}" = {p} : {ANY}, !transform.param<i64>')
+
+    def annotate_all(self, h: str, attrs: Mapping[str, int] | None) -> None:
+        """:meth:`annotate` ``h`` with each of ``attrs`` (none: nothing)."""
+        for name, value in (attrs or {}).items():
+            self.annotate(h, name, value)
 
     # -- rewriting ----------------------------------------------------------------------------------
     def canonicalize(self, scope: str) -> None:

@@ -260,8 +260,7 @@ class FusedRows:
             elif m.id == s.params.get("prefetch"):  # its own row loops, marked for the prefetch rewrite
                 h, row_loops = w.tile_for(h, [1 if t > 1 else 0 for t in tiles] + [0] * (len(m.ranges) - p))
                 d = _step_dim(lead, tiles)
-                w.annotate(row_loops[0], prefetch.MARK, tiles[d])
-                w.annotate(row_loops[0], prefetch.DIM, d)
+                w.annotate_all(row_loops[0], {prefetch.MARK: tiles[d], prefetch.DIM: d})
                 ext[:p] = [1] * p
             strategy = _INNER[vector.classify(m)]
             strategy.inner(w, m, int(s.params["steps"][str(m.id)]), h, ext, loop, mark)

@@ -280,8 +280,7 @@ class Pointwise(_VectorStrategy):
             sizes[c] = e
         op, loops = w.tile_for(op, sizes)
         if tile_c:
-            for name, value in (mark or {}).items():
-                w.annotate(loops[-1], name, value)
+            w.annotate_all(loops[-1], mark)
         if tile_c and (n_c is None or n_c % e):
             main, rem = w.peel(loops[-1])
             if len(loops) > 1:
@@ -325,8 +324,7 @@ class RowReduction(_VectorStrategy):
         w(f"{fill}, {part}, {comb}, {loop} = transform.structured.tile_reduction_using_for {op} by tile_sizes = "
           f"{rsizes} : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, "
           f"!transform.any_op)")
-        for name, value in (mark or {}).items():
-            w.annotate(loop, name, value)
+        w.annotate_all(loop, mark)
         w.vectorize(fill)
         w.vectorize(comb)
         if tail is not None:
