@@ -107,12 +107,18 @@ class SequenceWriter:
         self(f'{b}, {n} = transform.structured.bufferize_to_allocation {h} '
              f'{{alloc_op = "memref.alloca", bufferize_destination_only}} : {ANY}')
 
-    def annotate(self, h: str, name: str, value: int) -> None:
+    def annotate(self, h: str, name: str, value: int | str) -> None:
+        """Set attribute ``name`` on every op of ``h``: an ``i64`` for an int, else ``value`` is
+        the attribute's MLIR text (``#llvm.loop_annotation<...>``)."""
         p = self.fresh("p")
-        self(f"{p} = transform.param.constant {value} : i64 -> !transform.param<i64>")
-        self(f'transform.annotate {h} "{name}" = {p} : {ANY}, !transform.param<i64>')
+        if isinstance(value, int):
+            self(f"{p} = transform.param.constant {value} : i64 -> !transform.param<i64>")
+            self(f'transform.annotate {h} "{name}" = {p} : {ANY}, !transform.param<i64>')
+        else:
+            self(f"{p} = transform.param.constant {value} -> !transform.any_param")
+            self(f'transform.annotate {h} "{name}" = {p} : {ANY}, !transform.any_param')
 
-    def annotate_all(self, h: str, attrs: Mapping[str, int] | None) -> None:
+    def annotate_all(self, h: str, attrs: Mapping[str, int | str] | None) -> None:
         """:meth:`annotate` ``h`` with each of ``attrs`` (none: nothing)."""
         for name, value in (attrs or {}).items():
             self.annotate(h, name, value)

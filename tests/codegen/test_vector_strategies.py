@@ -175,6 +175,37 @@ def test_row_blocks_are_small_with_stack_temporaries_where_they_fit():
     assert (p["rows"], p.get("stack")) == (1, None)
 
 
+def test_one_row_blocks_keep_their_column_loops_rolled(tmp_path):
+    # layer_norm's backward over rows of 768 floats: blocks of one row, whose members' column
+    # loops carry LLVM's unroll.disable (fully unrolled, GVN kept the whole row in registers
+    # across the members and spilled it every row); blocks of several rows do not
+    from neuron_compile.codegen.strategies.fused_rows import NO_UNROLL
+    zen5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20)
+    assert _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 1024), target=zen5)["unroll"] is False
+    assert "unroll" not in _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 128), target=zen5)
+    ln = torch.nn.LayerNorm(768)
+    x = torch.randn(4, 32, 768, dtype=torch.float64).requires_grad_()
+    ref = ln.double()(x)
+    ref.backward(torch.ones_like(ref))
+    grads = [t.grad.clone() for t in (x, ln.weight, ln.bias)]
+    for t in (x, ln.weight, ln.bias):
+        t.grad = None
+    ln.float()
+    xf = x.detach().float().requires_grad_()
+    out = neuron_compile(ln, options={"cache": False, "dump_dir": str(tmp_path)})(xf)
+    out.sum().backward()
+    for ours, want in zip((xf.grad, ln.weight.grad, ln.bias.grad), grads):
+        torch.testing.assert_close(ours.double(), want, rtol=1e-5, atol=1e-5)
+    (schedule,) = tmp_path.glob("*backward*/05.schedule.json")
+    chains = [k["schedule"]["params"] for k in json.loads(schedule.read_text())["kernels"]
+              if k["schedule"]["strategy"] == "fused-rows"]
+    assert chains and chains[0]["unroll"] is False
+    (transform,) = tmp_path.glob("*backward*/08.schedule.mlir")
+    assert transform.read_text().count(NO_UNROLL) == len(chains[0]["group"])   # every member's loop
+    (llvm_ir,) = tmp_path.glob("*backward*/10.obj.ll")
+    assert "llvm.loop.unroll.disable" in llvm_ir.read_text()
+
+
 def test_row_blocks_span_every_leading_dim():
     """Softmax over ``(B, H, S, S)`` or ``(B, S, N)`` is blocked over all the row dims: blocking
     the first alone made (8, 512, 1024) 8 blocks of 2 MB on the heap, and (1, 12, 128, 128) one
