@@ -7,7 +7,7 @@ backend is reported. In each round a backend makes two calls and only the second
 timed call follows a call of its own: steady state, as in a loop calling one model. A single timed
 call would inherit the previous backend's cache: a kernel writing its output with normal stores
 leaves those lines dirty, and whoever runs next pays for writing them back (our softmax over
-4096×1024 float32, which writes its 16 MB with non-temporal stores, measured 0.72–0.80× eager as one
+4096×1024 float32, which then wrote its 16 MB with non-temporal stores, measured 0.72–0.80× eager as one
 call right after eager's, 0.94–0.99× as the second of two; AMD Zen 5, 1 thread). Freed memory is
 kept in the process for every backend alike (:func:`steady_malloc`). Ratios are ``best of (eager,
 Inductor) / ours`` (> 1: we are faster); GEMMs also show GFLOP/s and ours as % of ``torch.mm`` (eager).

@@ -48,6 +48,21 @@ def test_a_fused_row_chain_streams_its_last_kernel_and_a_reduction_never_does():
     assert not any(s.params.get("stream") for s in schedules)
 
 
+def test_with_512_bit_vectors_a_chain_computing_a_transcendental_does_not_stream():
+    # eight 8-byte pieces per store: softmax (its exp) is faster with plain stores on Zen 5,
+    # layer_norm (no transcendental) still streams; with 256-bit vectors both stream
+    zen5 = dataclasses.replace(ZEN3, isa="avx512", vector_bits=512, vector_registers=32)
+    x, w, b = torch.empty(4096, 1024), torch.empty(1024), torch.empty(1024)
+    for target, softmax_streams in ((ZEN3, True), (zen5, False)):
+        _, schedules = _plan(lambda x: x.softmax(-1), x, target=target)
+        assert {s.strategy for s in schedules} == {"fused-rows"}
+        assert all(bool(s.params.get("stream")) is softmax_streams for s in schedules)
+        _, schedules = _plan(lambda x, w, b: F.layer_norm(x, (1024,), w, b), x, w, b, target=target)
+        assert all(s.params.get("stream") is True for s in schedules)
+    kernels, _ = _plan(lambda x: torch.exp(x) * 2, torch.empty(4096, 2048))
+    assert streams(kernels, ZEN3) and not streams(kernels, zen5)
+
+
 CASES = {
     "pointwise-odd-rows": (lambda x, b: torch.sigmoid(x * 1.5 + b).mul(x), (torch.randn(37, 1003), torch.randn(1003))),
     "pointwise-one-dim": (lambda x: torch.erf(x) + x * x, (torch.randn(3 * 65536),)),
