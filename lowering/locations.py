@@ -32,11 +32,16 @@ def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
 
 
 def user_location(node: torch.fx.Node) -> str:
-    """``file:line`` for messages; else the nn.Module the node came from; else ``<unknown location>``
-    (e.g. the copy-back of a mutated input, which AOTAutograd adds after the user's code)."""
+    """``file:line`` for messages; for a graph input, where its first user is; else the nn.Module
+    the node came from; else ``<unknown location>`` (e.g. the copy-back of a mutated input, which
+    AOTAutograd adds after the user's code)."""
     fr = user_frame(node)
     if fr:
         return f"{fr[0]}:{fr[1]}"
+    if node.op == "placeholder":  # an input has no line of its own
+        used = [f for f in map(user_frame, node.users) if f]
+        if used:
+            return f"{used[0][0]}:{used[0][1]} (its first use)"
     stack = node.meta.get("nn_module_stack") or {}
     if stack:
         path, kind = list(stack.values())[-1][:2]

@@ -129,6 +129,18 @@ def test_unsupported_dtype_is_a_clean_refusal():
     assert any("complex64" in u.reason for u in err.ops)
 
 
+def add_one(x):
+    return x + 1
+
+
+def test_an_unsupported_input_dtype_points_at_the_inputs_first_use():
+    err = _unsupported_error(add_one, torch.tensor([1, 2, 3]).to(torch.uint32))
+    line = f"{__file__}:{_line_of(add_one, 'x + 1')}"
+    inputs = [u for u in err.ops if u.op.startswith("input")]
+    assert inputs and all("uint32" in u.reason for u in inputs)
+    assert inputs[0].location == f"{line} (its first use)" and "<unknown location>" not in str(err)
+
+
 def test_ops_only_producing_views_of_inputs_need_no_rule():
     x = torch.randn(6, 4)
     outs = nc(lambda t: t.chunk(3))(x)
