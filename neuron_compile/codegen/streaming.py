@@ -44,6 +44,12 @@ TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log1p", "log2", "log
 ANY = "!transform.any_op"
 
 
+def _aten_name(op: str) -> str:
+    """``exp`` for ``aten.exp.default``; a name without namespace and overload (``getitem``) as is."""
+    parts = op.split(".")
+    return parts[1] if len(parts) >= 3 else op
+
+
 def streams(kernels: Iterable[KernelInfo], target: TargetInfo) -> bool:
     """Whether the last of ``kernels`` (one kernel, or a fused chain in order) should write its
     outputs with non-temporal stores: it is ``pointwise``, the target has 8-byte non-temporal
@@ -58,7 +64,7 @@ def streams(kernels: Iterable[KernelInfo], target: TargetInfo) -> bool:
     ks = list(kernels)
     if not ks or ks[-1].kind != "pointwise" or not target.llc_bytes or not target.sse4a:
         return False
-    if target.vector_bits // 64 > MAX_PIECES and any(op.split(".")[1] in TRANSCENDENTAL for k in ks for op in k.ops):
+    if target.vector_bits // 64 > MAX_PIECES and any(_aten_name(op) in TRANSCENDENTAL for k in ks for op in k.ops):
         return False
     made = {r for k in ks for r in k.results}
     reads = {o.value: o.nbytes for k in ks for o in k.inputs if o.value not in made}

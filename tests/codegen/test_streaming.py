@@ -61,6 +61,10 @@ def test_with_512_bit_vectors_a_chain_computing_a_transcendental_does_not_stream
         assert all(s.params.get("stream") is True for s in schedules)
     kernels, _ = _plan(lambda x: torch.exp(x) * 2, torch.empty(4096, 2048))
     assert streams(kernels, ZEN3) and not streams(kernels, zen5)
+    # an FX op name without namespace and overload (a getitem's copy) is no transcendental
+    kernels, _ = _plan(lambda x: x * 2 + 1, torch.empty(4096, 2048))
+    named = [dataclasses.replace(k, ops=("getitem",)) for k in kernels]
+    assert streams(named, zen5)
 
 
 CASES = {
