@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from neuron_compile import stack_guard
 from neuron_compile.errors import RuntimeCallError
 from neuron_compile.plan import CallPlan, HostOp, OutputSlot, TensorSpec
 
@@ -116,6 +117,9 @@ class Executable:
         self._pointers = ctypes.c_void_p * n
         self._sizes = [torch.Size(s.shape) for s in plan.input_specs]
         self._keepalive = keepalive  # the loaded library / JIT engine owning the code
+        # bytes of stack temporaries the kernels keep per block (neuron_compile.stack_guard)
+        self._stack_need = max((int(k.get("schedule", {}).get("params", {}).get("stack_bytes", 0))
+                                for k in self.kernels), default=0)
         from neuron_compile import profile
         self.profile = profile.attach(self, keepalive)  # None unless compiled with NEURON_PROFILE
 
@@ -152,6 +156,11 @@ class Executable:
         return out.contiguous() if isinstance(out, torch.Tensor) else out
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
+        if self._stack_need and stack_guard.stack_too_small(self._stack_need):
+            return stack_guard.run_on_large_stack(lambda: self._call(args))
+        return self._call(args)
+
+    def _call(self, args: Sequence[Any]) -> list[Any]:
         if len(args) != len(self.input_specs):
             raise RuntimeCallError(f"{self.name}: expected {len(self.input_specs)} inputs, got {len(args)}")
         inputs = [self._prepare_input(i, t) for i, t in enumerate(args)]

@@ -81,3 +81,37 @@ def test_a_64k_openmp_stack_runs_a_fused_softmax(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_thread_with_a_smaller_stack_than_at_compile_time_gets_the_same_values(tmp_path, threads):
+    # compiled on the main thread (8 MB): a row of 30,000 floats on the stack per block; then called
+    # from a thread started with 128 KB, which overflowed (a segmentation fault) before the runtime
+    # moved such calls to its large-stack worker
+    script = textwrap.dedent(f"""
+        import threading
+        import torch
+        from neuron_compile.stack_guard import stack_too_small
+        from tests.conftest import neuron_compile
+        torch.set_num_threads({threads})
+        x = torch.randn(16, 30000, generator=torch.Generator().manual_seed(0)) * 3
+        f = neuron_compile(lambda x: x.softmax(-1))
+        main = f(x)
+        threading.stack_size(128 * 1024)
+        got = {{}}
+        def run():
+            got["small"] = stack_too_small(120000)
+            got["out"] = f(x)
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        assert got["small"] and not stack_too_small(120000)
+        assert torch.equal(got["out"], main)
+        torch.testing.assert_close(main, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-6)
+        print("ok")
+    """)
+    env = {**os.environ, "NEURON_CACHE_DIR": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])

@@ -200,8 +200,9 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
         params: dict[str, Any] = {"group": [k.id for k in group], "rows": math.prod(tiles), "block": tiles,
                                   "steps": {str(k.id): vector.step(k, target) for k in group},
                                   "members": [k.to_json() for k in group]}
-        if stack:
+        if stack:  # the block's temporaries, which the runtime checks the calling thread's stack for
             params["stack"] = True
+            params["stack_bytes"] = math.prod(tiles) * _row_bytes(group[:-1], p)
         if math.prod(tiles) == 1:
             params["unroll"] = False
         if streaming.streams(group, target):
