@@ -275,7 +275,32 @@ def runtime_shared_library() -> Path:
 @functools.lru_cache(maxsize=1)
 def _libgomp() -> tuple[int, int, int, int] | None:
     """Addresses of ``GOMP_parallel``, ``GOMP_barrier``, ``omp_get_thread_num`` and
-    ``omp_get_num_threads`` in torch's own OpenMP runtime, or ``None``.
+    ``omp_get_num_threads`` in torch's own OpenMP runtime (:func:`_torch_openmp`), or ``None``."""
+    lib = _torch_openmp()
+    if lib is None:
+        return None
+    names = ("GOMP_parallel", "GOMP_barrier", "omp_get_thread_num", "omp_get_num_threads")
+    try:
+        return tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names)  # type: ignore[return-value]
+    except AttributeError:
+        return None
+
+
+def set_thread_count(n: int) -> None:
+    """The calling thread's OpenMP thread count, which the kernels' parallel loops read
+    (``omp_set_num_threads``: a per-thread setting), without ``torch.set_num_threads``'s other
+    effect, the default of threads started later; ``torch.set_num_threads`` without torch's runtime."""
+    import torch
+    fn = getattr(_torch_openmp(), "omp_set_num_threads", None)
+    if fn is None:
+        torch.set_num_threads(n)
+    else:
+        fn(ctypes.c_int(n))
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_openmp() -> Any:
+    """Torch's own OpenMP runtime library, or ``None``.
 
     Looked up through ``libtorch_cpu``'s handle (``dlsym`` on a handle searches the library's
     dependencies, so this is the libgomp torch was linked against), not by name among the mapped
@@ -292,16 +317,10 @@ def _libgomp() -> tuple[int, int, int, int] | None:
     owners = [p for p in mapped if Path(p).name.startswith("libtorch_cpu.")]
     gomps = [p for p in mapped if "libgomp" in Path(p).name]
     if owners:
-        lib = ctypes.CDLL(owners[0])  # already mapped: dlopen hands back the same library
-    elif len(gomps) == 1:
-        lib = ctypes.CDLL(gomps[0])
-    else:  # no torch library to ask, and none or several OpenMP runtimes: run loops serially
-        return None
-    names = ("GOMP_parallel", "GOMP_barrier", "omp_get_thread_num", "omp_get_num_threads")
-    try:
-        return tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in names)  # type: ignore[return-value]
-    except AttributeError:
-        return None
+        return ctypes.CDLL(owners[0])  # already mapped: dlopen hands back the same library
+    if len(gomps) == 1:
+        return ctypes.CDLL(gomps[0])
+    return None  # no torch library to ask, and none or several OpenMP runtimes: run loops serially
 
 
 def bind(library: Any) -> None:

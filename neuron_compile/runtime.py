@@ -134,7 +134,7 @@ class Executable:
     def _prepare_input(self, i: int, t: Any) -> torch.Tensor:
         spec = self.input_specs[i]
         if t is None and math.prod(spec.shape) == 0:  # AOTAutograd's effect tokens arrive as None
-            return torch.empty(spec.shape, dtype=spec.dtype)
+            return torch.empty(spec.shape, dtype=spec.dtype, device="cpu")
         if not isinstance(t, torch.Tensor):
             raise RuntimeCallError(f"{self.name}: input {i} must be a tensor, got {type(t).__name__}")
         if t.shape != self._sizes[i] or t.dtype != spec.dtype or not t.is_cpu:
@@ -146,7 +146,7 @@ class Executable:
                 f"{self.name}: input {i} is {tuple(t.shape)} {t.dtype} on {t.device}, but the executable was "
                 f"compiled for {spec.shape} {spec.dtype} on cpu; recompile for the new shape")
         if t.stride() != spec.stride and not _layout_matches(t, spec):  # never read with the wrong strides: copy
-            t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype).copy_(t)
+            t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="cpu").copy_(t)
         return t
 
     def _run_host_op(self, op: HostOp, inputs: Sequence[torch.Tensor],
@@ -165,7 +165,8 @@ class Executable:
             raise RuntimeCallError(f"{self.name}: expected {len(self.input_specs)} inputs, got {len(args)}")
         inputs = [self._prepare_input(i, t) for i, t in enumerate(args)]
         host = [self._run_host_op(op, inputs) for op in self.host_ops]
-        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in self.output_specs]
+        # (on the CPU whatever torch.set_default_device says: the kernels write through data_ptr())
+        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="cpu") for s in self.output_specs]
         if self._packed:  # one foreign call; descriptors are built in C from the static specs
             self._fn(self._pointers(*[t.data_ptr() for t in (*inputs, *host, *outs)]))
         elif self._fn is not None:

@@ -6,20 +6,24 @@ thread_stack_bytes`). A thread started later with a smaller stack (``threading.s
 1024)`` after the first compile) that calls the executable at one thread runs the loop body itself
 and overflows its stack: a segmentation fault in the user's process (a softmax over rows of 30,000
 floats keeps a 120 KB row on the stack). Before each call the executable compares the calling
-thread's stack (``pthread_getattr_np``, cached per thread) with what its kernels need; when it is
-too small the call runs on one worker thread with an 8 MB stack instead, at the caller's thread
-count, and returns the same tensors (the kernels never touch autograd state).
+thread's stack (``pthread_getattr_np``, cached per thread) with what its kernels need plus
+:data:`HEADROOM` for the frames already on it (the thread's whole stack: what is left below the
+caller is not known, so a caller deeper than that still overflows); when it is too small the call
+runs on one worker thread with an 8 MB stack instead, at the caller's OpenMP thread count and grad /
+inference mode, and returns the same tensors. The worker is recreated in a forked child.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import queue
 import threading
 from typing import Any, Callable
 
 import torch
 
-HEADROOM = 64 << 10          # the caller's frames above the kernel (Python, ctypes, the entry point)
+HEADROOM = 256 << 10         # the caller's frames above the kernel (Python, ctypes, the entry point;
+                             # 10-15 KB at a model's usual depth, 130 KB under 80 nested modules)
 WORKER_STACK = 8 << 20       # the worker's stack: more than any schedule's temporaries (<= 128 KB)
 
 _local = threading.local()
@@ -58,21 +62,35 @@ def stack_too_small(need: int) -> bool:
     return 0 < size < need + HEADROOM
 
 
+def _reset_after_fork() -> None:
+    global _worker, _worker_lock
+    _worker, _worker_lock = None, threading.Lock()   # the parent's worker does not exist in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 def _serve(jobs: queue.Queue) -> None:
+    from neuron_compile.kernel_runtime import set_thread_count
+    torch.get_num_threads()   # torch's per-thread OpenMP set-up, once, before the first job's count
     while True:
-        fn, threads, box, done = jobs.get()
+        fn, threads, grad, inference, box, done = jobs.get()
         try:
-            torch.set_num_threads(threads)   # OpenMP's thread count is per calling thread
-            box.append((True, fn()))
+            set_thread_count(threads)
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                box.append((True, fn()))
         except BaseException as exc:  # handed back to the caller, raised there
             box.append((False, exc))
         finally:
             done.set()
+            fn = box = None   # the job's inputs and outputs are the caller's alone now
 
 
 def run_on_large_stack(fn: Callable[[], Any]) -> Any:
     """``fn()`` run on the worker thread (:data:`WORKER_STACK`), at the caller's
-    ``torch.get_num_threads()``; its result, or its exception raised here."""
+    ``torch.get_num_threads()``, grad mode and inference mode; its result, or its exception raised
+    here."""
     global _worker
     with _worker_lock:
         if _worker is None or not _worker[0].is_alive():
@@ -84,11 +102,12 @@ def run_on_large_stack(fn: Callable[[], Any]) -> Any:
             finally:
                 threading.stack_size(old)
             _worker = (t, jobs)
-        box: list = []
-        done = threading.Event()
-        _worker[1].put((fn, torch.get_num_threads(), box, done))
-        done.wait()
-    ok, value = box[0]
+        jobs = _worker[1]
+    box: list = []
+    done = threading.Event()
+    jobs.put((fn, torch.get_num_threads(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(), box, done))
+    done.wait()
+    ok, value = box.pop()
     if ok:
         return value
     raise value

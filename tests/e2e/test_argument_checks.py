@@ -95,3 +95,18 @@ def test_an_input_on_another_device_is_named_as_such():
     fn = neuron_compile(lambda x: x.softmax(-1))
     with pytest.raises(RuntimeCallError, match=r"input 0 is on meta.*host CPU.*\.cpu\(\)"):
         fn(torch.empty(3, 513, device="meta"))
+
+
+def test_outputs_are_allocated_on_the_cpu_whatever_the_default_device():
+    # torch.set_default_device("meta") made the runtime allocate the outputs on meta, and the kernel
+    # wrote through their null data pointers: a segmentation fault
+    x = torch.randn(8, 40)
+    f = neuron_compile(lambda x: torch.sigmoid(x) * 2)
+    want = f(x)
+    torch.set_default_device("meta")
+    try:
+        out = f(x)
+    finally:
+        torch.set_default_device(None)
+    assert out.device.type == "cpu" and torch.equal(out, want)
+    torch.testing.assert_close(out, torch.sigmoid(x.double()).float() * 2)

@@ -102,11 +102,22 @@ def test_a_thread_with_a_smaller_stack_than_at_compile_time_gets_the_same_values
         def run():
             got["small"] = stack_too_small(120000)
             got["out"] = f(x)
+            with torch.inference_mode():
+                got["inference"] = f(x).is_inference()   # the caller's mode, on the worker too
+            torch.set_num_threads(1)
+            f(x)   # the worker at 1 thread: not the default of threads started later
         t = threading.Thread(target=run)
         t.start()
         t.join()
         assert got["small"] and not stack_too_small(120000)
-        assert torch.equal(got["out"], main)
+        assert torch.equal(got["out"], main) and got["inference"]
+        torch.set_num_threads(2)
+        later = {{}}
+        threading.stack_size(0)
+        t = threading.Thread(target=lambda: later.setdefault("n", torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert later["n"] == 2, later
         torch.testing.assert_close(main, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-6)
         print("ok")
     """)
