@@ -127,8 +127,8 @@ def _placeholders(gm: torch.fx.GraphModule) -> Callable[[list], list]:
              for o in (out if isinstance(out, (list, tuple)) else [out])]
 
     def run(args: list) -> list:
-        return [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype).zero_() if isinstance(m, torch.Tensor)
-                else m for m in metas]
+        return [torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device="cpu").zero_()
+                if isinstance(m, torch.Tensor) else m for m in metas]
     return run
 
 

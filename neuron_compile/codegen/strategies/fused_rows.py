@@ -116,6 +116,12 @@ def _row_bytes(kernels: Sequence[KernelInfo], p: int) -> int:
     return sum(math.prod(o.shape[p:]) * o.dtype.itemsize for k in kernels for o in k.outputs if len(o.shape) > p)
 
 
+def stack_bytes(group: Sequence[KernelInfo], tiles: Sequence[int]) -> int:
+    """Bytes of a block's temporaries (every member's outputs but the last's) for blocks of
+    ``tiles`` rows over the first ``len(tiles)`` dims."""
+    return math.prod(tiles) * _row_bytes(group[:-1], len(tiles))
+
+
 def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> tuple[list[int], bool]:
     """(tile sizes of the forall over the ``p`` row dims, whether the block's temporaries live on
     the stack).
@@ -144,13 +150,14 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> t
     lead = group[0].ranges[:p]
     n = math.prod(lead)
     row = max(1, _row_bytes(group, p))
+    budget = min(STACK_BYTES, target.stack_bytes // STACK_SHARE)
     if row >= ROW_BLOCK_BYTES and n >= 4:
-        return [1] * p, _row_bytes(group[:-1], p) <= min(STACK_BYTES, target.stack_bytes // STACK_SHARE)
+        return [1] * p, stack_bytes(group, [1] * p) <= budget
 
     def tiles_filling(l2_share: int) -> list[int]:  # rows whose outputs fill 1/l2_share of L2
         return vector.block_tiles(lead, max(1, min(n // 4 or 1, target.l2_bytes // l2_share // row)))
     tiles = tiles_filling(8)
-    if math.prod(tiles) * _row_bytes(group[:-1], p) <= min(STACK_BYTES, target.stack_bytes // STACK_SHARE):
+    if stack_bytes(group, tiles) <= budget:
         return tiles, True
     return tiles_filling(2), False
 
@@ -202,7 +209,7 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
                                   "members": [k.to_json() for k in group]}
         if stack:  # the block's temporaries, which the runtime checks the calling thread's stack for
             params["stack"] = True
-            params["stack_bytes"] = math.prod(tiles) * _row_bytes(group[:-1], p)
+            params["stack_bytes"] = stack_bytes(group, tiles)
         if math.prod(tiles) == 1:
             params["unroll"] = False
         if streaming.streams(group, target):
