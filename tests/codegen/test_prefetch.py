@@ -1,7 +1,7 @@
 """Software prefetch of the next row block in ``fused-rows`` kernels (neuron_compile.codegen.prefetch).
 
-The decision is pure (which member re-reads a graph input first, or in blocks of one row the last
-to read it, only when that input exceeds L2); the rewrite is a text pass whose output ``mlir-opt`` must accept; applied,
+The decision is pure (which member re-reads a graph input first, only when that input exceeds L2
+and the blocks hold several rows); the rewrite is a text pass whose output ``mlir-opt`` must accept; applied,
 a prefetch must change no bit (the same results as without it, at 1 and 2 threads, on shapes
 whose rows the vector step does not divide) and must stay inside the input (clamped last block)."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ from neuron_compile.cache import clear_memory_cache
 from neuron_compile.codegen import Slot, TargetInfo, plan_codegen
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.prefetch import MARK, rewrite
-from neuron_compile.codegen.strategies.fused_rows import AHEAD_BYTES, FusedRows
+from neuron_compile.codegen.strategies.fused_rows import FusedRows
 from neuron_compile.codegen.strategy import Schedule
 from neuron_compile.target import HostCPU
 from neuron_compile.toolchain import tool
@@ -38,8 +38,9 @@ def _fused_params(fn, *args, target=ZEN5):
 
 
 def test_the_first_member_to_reread_a_large_graph_input_prefetches():
-    x = torch.empty(4096, 1024)  # 16 MiB > 1 MiB of L2
+    x = torch.empty(32768, 128)  # 16 MiB > 1 MiB of L2, in blocks of several rows of 512 bytes
     kernels, p = _fused_params(lambda x: x.softmax(-1), x)
+    assert p["rows"] > 1
     # max (reads x), exp (reads x again: the prefetching member), sum, divide
     readers = [k.id for k in kernels if any(o.strides is not None for o in k.inputs)]
     assert p["group"] == [k.id for k in kernels] and readers[:2] == p["group"][:2]
@@ -52,26 +53,27 @@ def test_the_first_member_to_reread_a_large_graph_input_prefetches():
     assert p["rows"] > 1 and p["prefetch"] == p["group"][1]   # mean, then variance re-reads x
 
 
-def test_one_row_blocks_prefetch_rows_ahead_in_the_last_member_to_read_the_input():
-    # layer_norm over rows of 4 KB: blocks of one row; mean, variance and normalize all read x,
-    # and the normalize pass (which writes the row) fetches the row AHEAD_BYTES further on
-    kernels, p = _fused_params(lambda x, w, b: F.layer_norm(x, (1024,), w, b), torch.empty(4096, 1024),
-                               torch.empty(1024), torch.empty(1024))
-    assert p["rows"] == 1 and p["prefetch"] == p["group"][2]
-    assert p["ahead"] == AHEAD_BYTES // (1024 * 4)
-    text = FusedRows().transform(KernelInfo.from_json(p["members"][-1]), Schedule(FusedRows.name, p))
-    assert text.count(f'"{MARK}"') == 1   # one loop marked: the normalize pass's column loop
+def test_one_row_blocks_do_not_prefetch():
+    # layer_norm and softmax over rows of 4 KB: blocks of one row, which the hardware prefetcher
+    # keeps fed; no member and no loop is marked for the rewrite
+    for fn, args in ((lambda x, w, b: F.layer_norm(x, (1024,), w, b),
+                      (torch.empty(4096, 1024), torch.empty(1024), torch.empty(1024))),
+                     (lambda x: x.softmax(-1), (torch.empty(4096, 1024),))):
+        _, p = _fused_params(fn, *args)
+        assert p["rows"] == 1 and "prefetch" not in p
+        text = FusedRows().transform(KernelInfo.from_json(p["members"][-1]), Schedule(FusedRows.name, p))
+        assert MARK not in text
 
 
 def test_no_prefetch_when_the_input_fits_in_l2_is_an_intermediate_or_is_strided():
-    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(128, 1024))  # 512 KiB: in L2
-    assert "prefetch" not in p
+    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(1024, 128))  # 512 KiB: in L2
+    assert p["rows"] > 1 and "prefetch" not in p
     # the scores come from a matmul in the same graph: an intermediate, not read from memory twice
-    _, p = _fused_params(lambda a, b: (a @ b).softmax(-1), torch.empty(4096, 64), torch.empty(64, 1024))
-    assert "prefetch" not in p
+    _, p = _fused_params(lambda a, b: (a @ b).softmax(-1), torch.empty(32768, 64), torch.empty(64, 128))
+    assert p["rows"] > 1 and "prefetch" not in p
     # every other column of a wider tensor: a strided memref the rewrite would not touch
-    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(4096, 2048)[:, ::2])
-    assert "prefetch" not in p
+    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(32768, 256)[:, ::2])
+    assert p["rows"] > 1 and "prefetch" not in p
 
 
 VECTOR_IR = """module {
@@ -133,12 +135,11 @@ def test_rewrite_leaves_unmarked_text_alone():
 
 
 CASES = {
-    "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(64, 1000) * 3,)),
-    "log-softmax": (lambda x: torch.log_softmax(x, -1), (torch.randn(96, 1003) * 3,)),
-    # rows of 3 KB and more: blocks of one row, the column loop prefetching rows ahead (the
-    # softmax and log-softmax above too)
-    "layer-norm": (lambda x, w, b: F.layer_norm(x, (768,), w, b), (torch.randn(128, 768), torch.randn(768),
-                                                                    torch.randn(768))),
+    # rows shorter than 2 KB of output (blocks of several rows: rows of more do not prefetch)
+    "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(512, 250) * 3,)),
+    "log-softmax": (lambda x: torch.log_softmax(x, -1), (torch.randn(768, 203) * 3,)),
+    "layer-norm": (lambda x, w, b: F.layer_norm(x, (384,), w, b), (torch.randn(256, 384), torch.randn(384),
+                                                                    torch.randn(384))),
     "layer-norm-short-rows": (lambda x, w, b: F.layer_norm(x, (200,), w, b),
                               (torch.randn(512, 200), torch.randn(200), torch.randn(200))),
     # blocks of rows inside dim 1 (the next block along dim 1), and blocks spanning dim 1 whole

@@ -10,9 +10,9 @@ op then gets its own vector schedule inside the block (:mod:`.vector`). The inpu
 DRAM once, and intermediates never leave the cache (Inductor's row-wise reductions and ATen's
 softmax kernel get the same locality by looping per row). Measured by the schedule's research on
 Zen 1: softmax 4096×1024 15.9 → 14.1 ms, layer_norm 128×768 0.234 → 0.179 ms, 1 thread. When the
-chain reads a graph input larger than L2 twice, the member that re-reads it first also prefetches
-the next block's rows, in blocks of one row the last member to read it the rows a few KB ahead
-(:func:`prefetch_member`, :mod:`neuron_compile.codegen.prefetch`).
+chain reads a graph input larger than L2 twice in blocks of several rows, the member that re-reads
+it first also prefetches the next block's rows (:func:`prefetch_member`,
+:mod:`neuron_compile.codegen.prefetch`).
 
 A chain qualifies when every kernel is a pointwise or row-reduction kernel over the same leading
 (parallel) dims with the contiguous dim last, and every result but the last one's is used only by
@@ -38,7 +38,6 @@ _INNER = {"pointwise": vector.Pointwise(), "row-reduction": vector.RowReduction(
 STACK_BYTES = 128 << 10  # a block's temporaries on the stack, at most
 STACK_SHARE = 8          # ... and at most this share of the smallest thread stack (OMP_STACKSIZE)
 ROW_BLOCK_BYTES = 2 << 10  # rows whose outputs take at least this many bytes: blocks of one row
-AHEAD_BYTES = 8 << 10      # ... each prefetching the row this many bytes of input further on
 # LLVM loop metadata (``llvm.loop.unroll.disable``) for the column loops of one-row blocks: the
 # loops of all members then sit side by side in one block, and once ``opt`` unrolls them fully
 # (768 columns: 12 trips) GVN reuses the first member's loads of the row in the later members, and
@@ -133,14 +132,10 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> t
     32 KB: a deeper stack than the threads have would crash the caller's process), they go on the
     stack and no block pays a ``malloc`` and ``free``; otherwise they go on the heap.
 
-    - Rows whose outputs take :data:`ROW_BLOCK_BYTES` or more: one row per block, which prefetches
-      the row :data:`AHEAD_BYTES` further on in the last pass that reads the input
-      (:func:`prefetch_member`). A C model of layer_norm 4096×1024 (1 thread, eight inputs in turn,
-      so every read comes from memory) took 1.02–1.15 ms in 32-row blocks, 0.99–1.02 in 16-row
-      blocks prefetching the next block, 0.92–0.96 in one-row blocks and 0.73–0.79 in one-row
-      blocks prefetching two rows ahead in the normalize pass. With the generated kernels, eight
-      ratios to eager (softmax and layer_norm over 1024 and 512 columns, 1 | 2 threads) moved by
-      -1…+9 %: within this VM's spread, never clearly worse.
+    - Rows whose outputs take :data:`ROW_BLOCK_BYTES` or more: one row per block. A C model of
+      layer_norm 4096×1024 (1 thread, eight inputs in turn, so every read comes from memory) took
+      1.02–1.15 ms in 32-row blocks, 0.99–1.02 in 16-row blocks prefetching the next block and
+      0.92–0.96 in one-row blocks. One-row blocks do not prefetch (:func:`prefetch_member`).
     - Shorter rows: the chain's row outputs fill an eighth of L2 (half of it when the temporaries
       go on the heap), counted over all ``p`` row dims (:func:`~.vector.block_tiles`), with at
       least four blocks for the threads: softmax over ``(1, 12, 128, 128)`` is 12 blocks of 128
@@ -167,9 +162,17 @@ def prefetch_member(group: Sequence[KernelInfo], tiles: Sequence[int], target: T
     or ``None``: the first member to re-read a graph input (strides known) that is indexed by row
     (``d0, ..., d{p-1}`` first, rank > p), row-major contiguous (the layout the rewrite handles)
     and larger than L2, i.e. one the first pass streams from memory and the next block will stream
-    again. In blocks of one row, the last member to read such an input, whose loop over the row's
-    columns prefetches the row :func:`ahead` rows further on (:func:`block_plan`)."""
+    again.
+
+    Never in blocks of one row: prefetching the row 8 KB ahead in the last member to read the
+    input (what a C model had suggested) was slower by up to 13 % in 39 of 46 paired comparisons
+    with the generated kernels, and faster by at most 3 % in the other 7 (Zen 5, each
+    variant compiled in one process and timed interleaved with eager: softmax and layer_norm
+    forward over 512, 1024 and 2048 columns with the input in cache and evicted, and their forward
+    and backward at 8×128×768, 8×12×128×128 and 1024×4096, at 1 and 2 threads)."""
     p = len(tiles)
+    if math.prod(tiles) == 1:
+        return None
     made = {r for k in group for r in k.results}
     readers: dict[str, list[int]] = {}
     for k in group:
@@ -178,18 +181,8 @@ def prefetch_member(group: Sequence[KernelInfo], tiles: Sequence[int], target: T
             if o.value not in made and row_major and len(o.shape) > p and tuple(o.exprs[:p]) == _rows_at(p) \
                     and o.nbytes > target.l2_bytes and k.id not in readers.get(o.value, ()):
                 readers.setdefault(o.value, []).append(k.id)
-    if math.prod(tiles) == 1:  # one row: the pass that writes the row's output fetches the next rows
-        last = [ids[-1] for ids in readers.values() if len(ids) > 1]
-        return max(last) if last else None
     second = [ids[1] for ids in readers.values() if len(ids) > 1]
     return min(second) if second else None
-
-
-def ahead(group: Sequence[KernelInfo], p: int) -> int:
-    """Rows ahead a one-row block prefetches: :data:`AHEAD_BYTES` of the chain's widest input row."""
-    widest = max((math.prod(o.shape[p:]) * o.dtype.itemsize for k in group for o in k.inputs if len(o.shape) > p),
-                 default=AHEAD_BYTES)
-    return max(1, math.ceil(AHEAD_BYTES / max(1, widest)))
 
 
 def _step_dim(lead: Sequence[int], tiles: Sequence[int]) -> int:
@@ -217,8 +210,6 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
         member = prefetch_member(group, tiles, target)
         if member is not None:
             params["prefetch"] = member
-            if math.prod(tiles) == 1:
-                params["ahead"] = ahead(group, p)
         for k in group:
             out[k.id] = Schedule(FusedRows.name, params)
     return out
@@ -272,9 +263,7 @@ class FusedRows:
             ext = list(tiles) + list(m.ranges[p:])
             h = w.match_kernel(m.id, loop)
             mark: dict[str, int | str] = {} if s.params.get("unroll", True) else {"loop_annotation": NO_UNROLL}
-            if m.id == s.params.get("prefetch") and "ahead" in s.params:  # one-row blocks: its column loop
-                mark |= {prefetch.MARK: int(s.params["ahead"]), prefetch.DIM: _step_dim(lead, tiles)}
-            elif m.id == s.params.get("prefetch"):  # its own row loops, marked for the prefetch rewrite
+            if m.id == s.params.get("prefetch"):  # its own row loops, marked for the prefetch rewrite
                 h, row_loops = w.tile_for(h, [1 if t > 1 else 0 for t in tiles] + [0] * (len(m.ranges) - p))
                 d = _step_dim(lead, tiles)
                 w.annotate_all(row_loops[0], {prefetch.MARK: tiles[d], prefetch.DIM: d})
