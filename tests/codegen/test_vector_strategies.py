@@ -6,6 +6,7 @@ depend on the thread count)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -173,6 +174,22 @@ def test_row_blocks_are_small_with_stack_temporaries_where_they_fit():
     # rows of 40,000 floats: one row's exp temporary alone is 160 KB, over the stack budget: on the heap
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 40000), target=zen5)
     assert (p["rows"], p.get("stack")) == (1, None)
+
+
+@pytest.mark.parametrize("cols", [1024, 128])
+def test_stack_temporaries_are_cache_line_aligned(tmp_path, cols):
+    # the exp rows of softmax on the stack (blocks of one row of 1024, or of 128 rows of 128):
+    # every such alloca is aligned to a cache line (at the f32 default of 4 bytes, the stack
+    # pointer decided, per process, whether every vector access to them straddled two lines)
+    from neuron_compile.codegen.transform import STACK_ALIGNMENT
+    fn = lambda x: x.softmax(-1)  # noqa: E731
+    x = torch.randn(256, cols) * 3
+    out = neuron_compile(fn, options={"cache": False, "dump_dir": str(tmp_path)})(x)
+    _close_to_reference(out, fn, (x,))
+    (llvm_ir,) = tmp_path.glob("*/10.obj.ll")
+    allocas = re.findall(r"= alloca float, i64 (\d+), align (\d+)", llvm_ir.read_text())
+    assert any(int(n) >= cols for n, _ in allocas)   # the row (or rows) of exponentials
+    assert STACK_ALIGNMENT == 64 and {int(a) for _, a in allocas} == {STACK_ALIGNMENT}
 
 
 def test_one_row_blocks_keep_their_column_loops_rolled(tmp_path):
