@@ -92,9 +92,7 @@ def aligned_bytes(kernels: Iterable[KernelInfo], target: TargetInfo, tile: int =
     step along that dim from 0 in multiples of the lanes (a peeled rest included, :func:`~neuron_
     compile.codegen.strategies.vector.step`), so each store starts a whole number of vectors into
     an aligned row of an aligned buffer. ``tile``: the kernel's ``scf.forall`` tile along that dim
-    (0: not tiled), which must be a whole number of vectors too. For a ``fused-rows`` chain only
-    when its temporaries live on the stack (whose stores never stream): a temporary on the heap is
-    a subview too, and its per-row scalars are not at vector boundaries."""
+    (0: not tiled), which must be a whole number of vectors too."""
     from neuron_compile.codegen.strategies.vector import lanes
     from neuron_compile.runtime import OUTPUT_ALIGNMENT
     k = list(kernels)[-1]
@@ -104,10 +102,13 @@ def aligned_bytes(kernels: Iterable[KernelInfo], target: TargetInfo, tile: int =
     vl = lanes(k, target)
     if tile % vl:
         return 0
-    rows = tuple(f"d{i}" for i in range(last + 1))
-    if any(tuple(o.exprs) != rows or o.strides is not None or o.shape[-1] % vl for o in k.outputs):
-        return 0
-    claim = min([OUTPUT_ALIGNMENT] + [vl * torch.empty((), dtype=o.dtype).element_size() for o in k.outputs])
+    claim = 0
+    for o in k.outputs:
+        size = torch.empty((), dtype=o.dtype).element_size()
+        if tuple(o.exprs) != tuple(f"d{i}" for i in range(last + 1)) or o.strides is not None \
+                or o.shape[-1] % vl:
+            return 0
+        claim = min(OUTPUT_ALIGNMENT, vl * size) if not claim else min(claim, vl * size)
     return claim if claim >= 16 and claim & (claim - 1) == 0 else 0
 
 

@@ -207,9 +207,8 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
             params["unroll"] = False
         if streaming.streams(group, target):
             params["stream"] = True
-            align = streaming.aligned_bytes(group, target) if stack else 0
-            if align:
-                params["stream_align"] = align
+            if streaming.aligned_bytes(group, target):
+                params["stream_align"] = streaming.aligned_bytes(group, target)
         member = prefetch_member(group, tiles, target)
         if member is not None:
             params["prefetch"] = member
