@@ -23,10 +23,6 @@ from neuron_compile.errors import RuntimeCallError
 from neuron_compile.plan import CallPlan, HostOp, OutputSlot, TensorSpec
 
 KERNEL_SYMBOL = "neuron_kernel"
-# Bytes every buffer a kernel writes starts at a multiple of (:func:`_output_buffer`): streamed
-# stores claim it (neuron_compile.codegen.streaming.aligned_bytes), and an aligned non-temporal
-# store to an unaligned address faults. c10's CPU allocator aligns to 64 already (gAlignment).
-OUTPUT_ALIGNMENT = 64
 
 
 def load_shared_object(path: Path) -> tuple[Callable[..., None], Any]:
@@ -73,23 +69,6 @@ def _descriptor(t: torch.Tensor, spec: TensorSpec) -> ctypes.Structure:
         d.sizes[:] = spec.shape
         d.strides[:] = spec.stride
     return d
-
-
-def _output_buffer(spec: TensorSpec) -> torch.Tensor:
-    """An uninitialized CPU tensor for ``spec`` whose data starts at a multiple of
-    :data:`OUTPUT_ALIGNMENT` bytes: ``torch.empty_strided``'s, or, under a CPU allocator that
-    aligns less than c10's default, one carved from a larger block at the next boundary."""
-    t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="cpu")
-    if t.data_ptr() % OUTPUT_ALIGNMENT == 0:
-        return t
-    size = t.element_size()
-    raw = torch.empty(t.untyped_storage().nbytes() // size + OUTPUT_ALIGNMENT // size, dtype=spec.dtype, device="cpu")
-    skip = (-raw.data_ptr()) % OUTPUT_ALIGNMENT
-    if skip % size:  # an allocator not even aligning to the element: nothing a shift can fix
-        raise RuntimeCallError(f"the CPU allocator returned {raw.data_ptr():#x} for {spec.dtype}, not a multiple "
-                               f"of its {size}-byte element; neuron-compile's kernels need aligned buffers")
-    return torch.empty(0, dtype=spec.dtype, device="cpu").set_(raw.untyped_storage(), skip // size, spec.shape,
-                                                               spec.stride)
 
 
 def _layout_matches(t: torch.Tensor, spec: TensorSpec) -> bool:
@@ -187,7 +166,7 @@ class Executable:
         inputs = [self._prepare_input(i, t) for i, t in enumerate(args)]
         host = [self._run_host_op(op, inputs) for op in self.host_ops]
         # (on the CPU whatever torch.set_default_device says: the kernels write through data_ptr())
-        outs = [_output_buffer(s) for s in self.output_specs]
+        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="cpu") for s in self.output_specs]
         if self._packed:  # one foreign call; descriptors are built in C from the static specs
             self._fn(self._pointers(*[t.data_ptr() for t in (*inputs, *host, *outs)]))
         elif self._fn is not None:

@@ -35,7 +35,7 @@ def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) 
     """The library text (``""`` when no kernel's schedule has a transform, pure ``loops``) and the
     kernel ids each sequence schedules (one group per sequence, in kernel order; a fused-rows
     chain is one group), which :func:`~neuron_compile.codegen.outline.outline_kernels` outlines."""
-    seqs, calls, cleanups, groups, streamed = [], [], [], [], {}
+    seqs, calls, cleanups, groups, streamed = [], [], [], [], []
     # a strategy with a higher ``order`` runs after the others, and so does its clean-up (which
     # may rewrite the whole function)
     ordered = sorted(zip(kernels, schedules), key=lambda ks: getattr(strategy_named(ks[1].strategy), "order", 0))
@@ -47,8 +47,8 @@ def build_library(kernels: Sequence[KernelInfo], schedules: Sequence[Schedule]) 
         if not body:
             continue
         groups.append(sorted(s.params.get("group", [k.id])))
-        if s.params.get("stream"):  # the kernel carrying the transform tags the forall neuron.root
-            streamed[k.id] = int(s.params.get("stream_align", 0))
+        if s.params.get("stream"):
+            streamed.append(k.id)  # the kernel carrying the transform tags the forall neuron.root
         name = f"@kernel_{k.id}_{s.strategy.replace('-', '_')}"
         seqs.append(f"  transform.named_sequence {name}(%root: {ANY} {{transform.readonly}}) {{\n"
                     f"{body.rstrip()}\n    transform.yield\n  }}")

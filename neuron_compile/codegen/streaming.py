@@ -16,23 +16,12 @@ get ``nontemporal = true`` (lowered to ``!nontemporal`` stores by ``convert-vect
 Stores into whole temporaries (a fused chain's per-row means) are not subviews and stay normal;
 nor are stores into a slice of a stack temporary (``memref.alloca``: a fused chain's block, which
 the next member reads from cache).
-Without a claim of alignment LLVM splits a non-temporal vector store into 8-byte pieces
-(``movntsd``, SSE4A), which cannot fault; a store known to be aligned to the vector's size is one
-``vmovntps``. :func:`aligned_bytes` decides when every store of a kernel's outputs may claim it:
-the runtime allocates every buffer a kernel writes at a multiple of
-:data:`~neuron_compile.runtime.OUTPUT_ALIGNMENT` bytes (``Executable._call``; module temporaries
-come from the kernel runtime's allocator, aligned to 64), so a store at a multiple of the vector's
-length from the start of a row whose length is one is aligned. Measured on Zen 5 (layer_norm
-4096×1024 in ``python -m benchmarks``, runs alternating between the two kinds of store, ours over
-best(eager, Inductor) at 1 | 2 threads): aligned 1.06–1.25 | 0.86–0.91 in three runs, 8-byte pieces
-0.99–1.00 | 0.83–0.94 in the three between them (and 1.21–1.33 | 0.83–1.27 against 0.92–1.14 |
-0.79–1.02 in four earlier pairs, aligned by rewriting the LLVM IR).
+No alignment is claimed: LLVM emits ``vmovntps`` where it can prove 32-byte alignment and splits
+the store into 8-byte non-temporal pieces (``movntsd``, SSE4A) otherwise, which cannot fault.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
-
-import torch
+from typing import Iterable
 
 from neuron_compile.codegen.kernels import KernelInfo
 from neuron_compile.codegen.strategy import TargetInfo
@@ -83,60 +72,21 @@ def streams(kernels: Iterable[KernelInfo], target: TargetInfo) -> bool:
     return sum(reads.values()) + writes > LLC_SHARE * target.llc_bytes
 
 
-def aligned_bytes(kernels: Iterable[KernelInfo], target: TargetInfo, tile: int = 0) -> int:
-    """The alignment in bytes every vector store into the outputs of the last of ``kernels`` may
-    claim when it streams, or 0: the one vector's bytes (at most
-    :data:`~neuron_compile.runtime.OUTPUT_ALIGNMENT`) when the kernel is vectorized along the last
-    dim of its iteration space, every output is written row-major at its own iteration point
-    (``d0, d1, ...``) and the last dim is a multiple of the vector's lanes: the vector strategies
-    step along that dim from 0 in multiples of the lanes (a peeled rest included, :func:`~neuron_
-    compile.codegen.strategies.vector.step`), so each store starts a whole number of vectors into
-    an aligned row of an aligned buffer. ``tile``: the kernel's ``scf.forall`` tile along that dim
-    (0: not tiled), which must be a whole number of vectors too."""
-    from neuron_compile.codegen.strategies.vector import lanes
-    from neuron_compile.runtime import OUTPUT_ALIGNMENT
-    k = list(kernels)[-1]
-    last = len(k.ranges) - 1
-    if last < 0 or k.contiguous_dim != last:
-        return 0
-    vl = lanes(k, target)
-    if tile % vl:
-        return 0
-    claim = 0
-    for o in k.outputs:
-        size = torch.empty((), dtype=o.dtype).element_size()
-        if tuple(o.exprs) != tuple(f"d{i}" for i in range(last + 1)) or o.strides is not None \
-                or o.shape[-1] % vl:
-            return 0
-        claim = min(OUTPUT_ALIGNMENT, vl * size) if not claim else min(claim, vl * size)
-    return claim if claim >= 16 and claim & (claim - 1) == 0 else 0
-
-
-def sequence(streamed: Mapping[int, int]) -> str:
+def sequence(root_ids: Iterable[int]) -> str:
     """The post-bufferization transform sequences marking the output stores of each kernel whose
-    ``scf.forall`` carries ``neuron.root = id`` non-temporal, and aligned to ``streamed[id]`` bytes
-    when that is not 0 (:func:`aligned_bytes`); ``""`` for no kernel."""
-    ids = sorted(streamed)
+    ``scf.forall`` carries ``neuron.root = id`` non-temporal (``""`` for no kernel)."""
+    ids = sorted(set(root_ids))
     if not ids:
         return ""
-    aligns = sorted({streamed[i] for i in ids if streamed[i]})
     body = []
     for i in ids:
-        action = f"@neuron_stream_store_{streamed[i]}" if streamed[i] else "@neuron_stream_store"
         body.append(f'    %l{i} = transform.structured.match ops{{["scf.forall"]}} attributes {{neuron.root = {i} : i64}} '
                     f"in %root : ({ANY}) -> {ANY}\n"
                     f"    transform.apply_patterns to %l{i} {{\n"
                     f"      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1\n"
                     f"    }} : {ANY}\n"
                     f"    %s{i} = transform.foreach_match in %l{i} @neuron_stack_store -> @neuron_keep_store, "
-                    f"@neuron_output_store -> {action} : ({ANY}) -> {ANY}")
-    aligned = "".join(
-        f"  transform.named_sequence @neuron_stream_store_{a}(%s: {ANY} {{transform.readonly}}) {{\n"
-        f"    %t = transform.param.constant true -> !transform.any_param\n"
-        f'    transform.annotate %s "nontemporal" = %t : {ANY}, !transform.any_param\n'
-        f"    %a = transform.param.constant {a} : i64 -> !transform.param<i64>\n"
-        f'    transform.annotate %s "alignment" = %a : {ANY}, !transform.param<i64>\n'
-        f"    transform.yield\n  }}\n" for a in aligns)
+                    f"@neuron_output_store -> @neuron_stream_store : ({ANY}) -> {ANY}")
     return (f"  transform.named_sequence @neuron_output_store(%s: {ANY} {{transform.readonly}}) -> {ANY} {{\n"
             f'    transform.match.operation_name %s ["vector.store"] : {ANY}\n'
             f"    %base = transform.get_operand %s[1] : ({ANY}) -> !transform.any_value\n"
@@ -156,6 +106,6 @@ def sequence(streamed: Mapping[int, int]) -> str:
             f"  transform.named_sequence @neuron_stream_store(%s: {ANY} {{transform.readonly}}) {{\n"
             f"    %t = transform.param.constant true -> !transform.any_param\n"
             f'    transform.annotate %s "nontemporal" = %t : {ANY}, !transform.any_param\n'
-            f"    transform.yield\n  }}\n" + aligned +
+            f"    transform.yield\n  }}\n"
             f"  transform.named_sequence @{ENTRY}(%root: {ANY} {{transform.readonly}}) {{\n"
             + "\n".join(body) + "\n    transform.yield\n  }")

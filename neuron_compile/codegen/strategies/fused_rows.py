@@ -207,8 +207,6 @@ def plan_groups(kernels: Sequence[KernelInfo], target: TargetInfo, uses: Mapping
             params["unroll"] = False
         if streaming.streams(group, target):
             params["stream"] = True
-            if streaming.aligned_bytes(group, target):
-                params["stream_align"] = streaming.aligned_bytes(group, target)
         member = prefetch_member(group, tiles, target)
         if member is not None:
             params["prefetch"] = member

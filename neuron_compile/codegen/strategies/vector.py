@@ -190,8 +190,6 @@ class _VectorStrategy:
             params["window"] = True
         if any(forall) and streaming.streams([k], target):
             params["stream"] = True  # the stores of the forall annotated neuron.root = k.id
-            if streaming.aligned_bytes([k], target, forall[-1]):
-                params["stream_align"] = streaming.aligned_bytes([k], target, forall[-1])
         return Schedule(self.name, params)
 
     def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
