@@ -73,6 +73,9 @@ CASES = {
     "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(64, 1000),)),
     "layer-norm": (lambda x, w, b: F.layer_norm(x, (768,), w, b), (torch.randn(128, 768), torch.randn(768),
                                                                     torch.randn(768))),
+    # the streamed kernel writes straight into a slice of the concatenation, 8 columns into each row
+    # of 1032: its stores are off any vector boundary (vector-aligned stores faulted here)
+    "into-a-slice": (lambda a, x: torch.cat([a, x * 2 + 1], -1), (torch.randn(64, 8), torch.randn(64, 1024))),
 }
 
 
