@@ -57,10 +57,11 @@ def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float, codegen: Code
     """``linalg`` → ``llvm``: run :func:`~neuron_compile.phases.linalg_to_llvm` with ``mlir-opt``,
     applying ``codegen``'s schedules (written to ``kernel.schedule.mlir`` next to the output) to
     the module with each scheduled kernel outlined (``kernel.outlined.mlir``; see
-    :mod:`neuron_compile.codegen.outline`). When a schedule asks for prefetches, in two stages with
-    :func:`neuron_compile.codegen.prefetch.rewrite` between them (``kernel.vector.mlir`` →
-    ``kernel.prefetch.mlir``)."""
-    from neuron_compile.codegen import prefetch
+    :mod:`neuron_compile.codegen.outline`). When a schedule asks for prefetches or streamed
+    stores, in two stages with :func:`neuron_compile.codegen.prefetch.rewrite` and
+    :func:`neuron_compile.codegen.streaming.align_stores` between them (``kernel.vector.mlir`` →
+    ``kernel.rewritten.mlir``)."""
+    from neuron_compile.codegen import prefetch, streaming
     from neuron_compile.codegen.outline import outline_kernels
     out = workdir / LLVM_MLIR
     library = None
@@ -70,15 +71,16 @@ def mlir_to_llvm(linalg_path: Path, workdir: Path, timeout: float, codegen: Code
         outlined = workdir / "kernel.outlined.mlir"
         outlined.write_text(outline_kernels(linalg_path.read_text(), codegen.groups))
         linalg_path = outlined
-    split = codegen is not None and codegen.prefetch
+    split = codegen is not None and codegen.rewrites
     stages = linalg_to_llvm(library, codegen.fragments if codegen else None,
                             codegen.in_place_outputs if codegen else True, split=split)
     if split:
         vector = workdir / "kernel.vector.mlir"
         run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={stages[0]}",
                                      "-o", str(vector)], linalg_path, timeout)
-        linalg_path = workdir / "kernel.prefetch.mlir"
-        linalg_path.write_text(prefetch.rewrite(vector.read_text()))
+        linalg_path = workdir / "kernel.rewritten.mlir"
+        linalg_path.write_text(streaming.align_stores(prefetch.rewrite(vector.read_text()),
+                                                      codegen.target.vector_bits // 8))
     run_stage(Phase.LLVM.value, [tool("mlir-opt"), str(linalg_path), f"--pass-pipeline={stages[-1]}",
                                  "-o", str(out)], linalg_path, timeout)
     return out

@@ -29,6 +29,8 @@ class CodegenPlan:
             each while the schedules run (:mod:`neuron_compile.codegen.outline`).
         prefetch: some schedule marks a loop for :func:`neuron_compile.codegen.prefetch.rewrite`
             (the ``linalg`` → ``llvm`` pipeline then runs in two stages around it).
+        streams: some schedule streams its stores; between the same two stages
+            :func:`neuron_compile.codegen.streaming.align_stores` gives them an aligned form.
     """
 
     kernels: list[KernelInfo]
@@ -39,6 +41,12 @@ class CodegenPlan:
     in_place_outputs: bool = True
     groups: list[list[int]] = field(default_factory=list)
     prefetch: bool = False
+    streams: bool = False
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether the ``linalg`` → ``llvm`` pipeline stops for text rewrites (prefetch, streaming)."""
+        return self.prefetch or self.streams
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target.to_json(), "in_place_outputs": self.in_place_outputs,
@@ -76,7 +84,7 @@ def _apply(kernels: list[KernelInfo], schedules: list[Schedule], target: TargetI
     if streaming.ENTRY in library:  # first after bufferization: it matches the kernels' scf.forall
         fragments.setdefault(Slot.POST_BUFFERIZE, []).insert(0, streaming.INTERPRETER)
     return CodegenPlan(kernels, schedules, target, library, fragments, in_place_outputs, groups,
-                       prefetch=any("prefetch" in s.params for s in schedules))
+                       prefetch=any("prefetch" in s.params for s in schedules), streams=streaming.ENTRY in library)
 
 
 __all__ = ["CodegenPlan", "KernelInfo", "Schedule", "Slot", "TargetInfo", "plan_codegen", "plan_from_json"]

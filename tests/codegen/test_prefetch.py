@@ -164,7 +164,7 @@ def test_prefetching_kernels_change_no_bit(case, tmp_path, monkeypatch):
     clear_memory_cache()  # the same cache key: the decision is a pure function of what the key holds
     compiled = neuron_compile(fn, options={"cache": False, "dump_dir": str(tmp_path)})
     one, two = at_one_and_two_threads(compiled, *args)
-    (rewritten,) = tmp_path.glob("*/work/kernel.prefetch.mlir")
+    (rewritten,) = tmp_path.glob("*/work/kernel.rewritten.mlir")
     assert "memref.prefetch" in rewritten.read_text()
     assert torch.equal(one, plain) and torch.equal(two, plain)
     reference = fn(*[a.double() for a in args]).float()

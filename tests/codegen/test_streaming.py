@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from neuron_compile.codegen import TargetInfo, plan_codegen
-from neuron_compile.codegen.streaming import streams
+from neuron_compile.codegen.streaming import align_stores, streams
 from neuron_compile.target import HostCPU
 from tests.conftest import neuron_compile
 from tests.helpers import at_one_and_two_threads
@@ -94,5 +94,31 @@ def test_streamed_stores_are_nontemporal_and_change_no_bit(case, tmp_path, monke
     one, two = at_one_and_two_threads(compiled, *args)
     llvm_dialect = "".join(p.read_text() for p in tmp_path.glob("*/*.llvm.mlir"))
     assert "nontemporal" in llvm_dialect
+    # each streamed store also has its aligned form, taken when the address turns out aligned
+    assert "alignment = 32 : i64, nontemporal" in llvm_dialect
     assert torch.equal(one, plain) and torch.equal(two, plain)
     torch.testing.assert_close(one, fn(*args), rtol=1e-5, atol=1e-5)
+
+
+STORE = ("        vector.store %20, %subview[%c0, %arg3] {nontemporal = true} : "
+         "memref<1x1024xf32, strided<[1024, 1], offset: ?>>, vector<64xf32>")
+
+
+def test_a_streamed_store_gets_an_aligned_form_chosen_on_its_address_at_run_time():
+    text = "\n".join(["func.func @k(%arg1: memref<4096x1024xf32>) {", STORE, "}"])
+    out = align_stores(text, 64)
+    lines = [line.strip() for line in out.split("\n")]
+    # the address: aligned pointer + (offset + row * stride0 + col * stride1) * 4 bytes, low 6 bits
+    assert any(line.startswith("%neuron_nt0_ptr = memref.extract_aligned_pointer_as_index %subview") for line in lines)
+    assert "%neuron_nt0_m1 = arith.muli %arg3, %neuron_nt0_t1 : index" in lines
+    assert "%neuron_nt0_eb = arith.constant 4 : index" in lines
+    assert "%neuron_nt0_mask = arith.constant 63 : index" in lines
+    branch = lines.index("scf.if %neuron_nt0_ok {")
+    assert lines[branch + 1].startswith("vector.store %20, %subview[%c0, %arg3] {alignment = 64 : i64, nontemporal = true}")
+    assert lines[branch + 2] == "} else {" and lines[branch + 3] == STORE.strip() and lines[branch + 4] == "}"
+    # a 256-bit target claims 32 bytes; a vector narrower than the register claims its own size
+    assert "alignment = 32 : i64" in align_stores(text, 32)
+    assert "alignment = 16 : i64" in align_stores(text.replace("vector<64xf32>", "vector<4xf32>"), 64)
+    # stores too narrow to gain (8 bytes), plain stores and text without streaming stay as they are
+    for same in (text.replace("vector<64xf32>", "vector<2xf32>"), text.replace(" {nontemporal = true}", "")):
+        assert align_stores(same, 64) == same
