@@ -8,7 +8,11 @@ timed call follows a call of its own: steady state, as in a loop calling one mod
 call would inherit the previous backend's cache: a kernel writing its output with normal stores
 leaves those lines dirty, and whoever runs next pays for writing them back (our softmax over
 4096×1024 float32, which then wrote its 16 MB with non-temporal stores, measured 0.72–0.80× eager as one
-call right after eager's, 0.94–0.99× as the second of two; AMD Zen 5, 1 thread). Freed memory is
+call right after eager's, 0.94–0.99× as the second of two; AMD Zen 5, 1 thread). The untimed call
+takes the lines over only as far as it goes through the cache: a kernel whose stores skip it still
+pays for part of the previous backend's write-backs (layer_norm 4096×1024 timed right after eager:
+6–14 % slower than in a later position; ``benchmarks/HISTORY.md``); ours runs after Inductor,
+whose stores are normal. Freed memory is
 kept in the process for every backend alike (:func:`steady_malloc`). Ratios are ``best of (eager,
 Inductor) / ours`` (> 1: we are faster); GEMMs also show GFLOP/s and ours as % of ``torch.mm`` (eager).
 
