@@ -72,8 +72,8 @@ def linalg_to_llvm(library: Path | None = None, fragments: Mapping[Slot, Sequenc
             ops, which eliminate-empty-tensors miscompiles: ``unique``'s scatters, measured).
         split: end the first pipeline after the :attr:`Slot.PRE_LLVM` fragments, where the
             scheduled kernels are vector loads and stores in ``scf`` loops, and start the second
-            with the :attr:`Slot.PARALLEL` ones; a text rewrite of the IR runs in between
-            (:mod:`neuron_compile.codegen.prefetch`).
+            with the :attr:`Slot.PARALLEL` ones; text rewrites of the IR run in between
+            (:mod:`neuron_compile.codegen.prefetch`, :func:`neuron_compile.codegen.streaming.align_stores`).
     """
     fragments = fragments or {}
 

@@ -27,7 +27,7 @@ class Slot(str, enum.Enum):
     POST_BUFFERIZE = "post-bufferize"   # after one-shot bufferization, before linalg → loops
     PRE_LLVM = "pre-llvm"               # after linalg → loops, before the conversion to LLVM
     PARALLEL = "parallel"               # after PRE_LLVM: parallel loops to OpenMP, memref to LLVM; the
-                                        # text rewrites of the scheduled IR (codegen.prefetch) run before it
+                                        # text rewrites of the scheduled IR (codegen.prefetch, codegen.streaming) run before it
 
 
 @dataclass(frozen=True)
