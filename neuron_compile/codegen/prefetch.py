@@ -45,7 +45,8 @@ _ARG = re.compile(rf"({_SSA}): memref<")
 # a 1-D vector read: vector.load, or a transfer_read known in bounds (not yet lowered to a load)
 _LOAD = re.compile(rf"^(\s*){_SSA}(?::\d+)? = vector\.(?:load|transfer_read) ({_SSA})\[([^\]]*)\]"
                    rf"(?:, {_SSA} \{{in_bounds = \[true\]\}})? : memref<([0-9x]+)x(\w+)>, vector<(\d+)x\w+>\s*$")
-_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
+# bytes per element of a memref (MLIR stores i1 elements one per byte)
+ELEMENT_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1, "i1": 1}
 
 
 def rewrite(text: str) -> str:
@@ -109,9 +110,9 @@ def _prefetches(line: str, args: set[str], rows: int, dim: int, n: int) -> list[
     shape = [int(d) for d in dims.split("x")]
     index = [i.strip() for i in index_text.split(",")]
     if base not in args or len(shape) < dim + 2 or len(index) != len(shape) or shape[dim] <= rows \
-            or elem not in _BYTES:
+            or elem not in ELEMENT_BYTES:
         return []
-    step = max(1, LINE_BYTES // _BYTES[elem])          # elements per cache line
+    step = max(1, LINE_BYTES // ELEMENT_BYTES[elem])          # elements per cache line
     p = f"%neuron_pf{n}"
     mt = f"memref<{dims}x{elem}>"
     code = [f"{p}_d = arith.constant {rows} : index",

@@ -28,6 +28,7 @@ import re
 from typing import Iterable
 
 from neuron_compile.codegen.kernels import KernelInfo
+from neuron_compile.codegen.prefetch import ELEMENT_BYTES
 from neuron_compile.codegen.strategy import TargetInfo
 
 ENTRY = "__neuron_post_bufferize"
@@ -117,7 +118,6 @@ def sequence(root_ids: Iterable[int]) -> str:
 
 _STORE = re.compile(r"^(\s*)vector\.store (%[\w$.-]+(?:#\d+)?), (%[\w$.-]+)\[([^\]]*)\] \{nontemporal = true\} "
                     r": (memref<(?:[?\d]+x)*(\w+)(?:, .*)?>), vector<(\d+)x(\w+)>\s*$")
-_BYTES = {"f64": 8, "i64": 8, "f32": 4, "i32": 4, "f16": 2, "bf16": 2, "i16": 2, "i8": 1}
 
 
 def align_stores(text: str, vector_bytes: int) -> str:
@@ -154,10 +154,10 @@ def align_stores(text: str, vector_bytes: int) -> str:
             out.append(line)
             continue
         indent, value, mem, index_text, mt, elem, lanes, velem = m.groups()
-        size = int(lanes) * _BYTES.get(velem, 0)
+        size = int(lanes) * ELEMENT_BYTES.get(velem, 0)
         align = min(vector_bytes, 1 << (size.bit_length() - 1)) if size else 0
         index = [i.strip() for i in index_text.split(",") if i.strip()]
-        if align < 16 or elem not in _BYTES or not index:
+        if align < 16 or elem not in ELEMENT_BYTES or not index:
             out.append(line)
             continue
         p = f"%neuron_nt{n}"
@@ -171,7 +171,7 @@ def align_stores(text: str, vector_bytes: int) -> str:
         for k, (i, st) in enumerate(zip(index, strides)):
             code += [f"{p}_m{k} = arith.muli {i}, {st} : index", f"{p}_a{k} = arith.addi {at}, {p}_m{k} : index"]
             at = f"{p}_a{k}"
-        code += [f"{p}_eb = arith.constant {_BYTES[elem]} : index",
+        code += [f"{p}_eb = arith.constant {ELEMENT_BYTES[elem]} : index",
                  f"{p}_bytes = arith.muli {at}, {p}_eb : index",
                  f"{p}_addr = arith.addi {p}_ptr, {p}_bytes : index",
                  f"{p}_mask = arith.constant {align - 1} : index",
