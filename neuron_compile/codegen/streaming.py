@@ -132,9 +132,9 @@ def align_stores(text: str, vector_bytes: int) -> str:
     The address is the memref's aligned pointer plus its offset and the indices times its
     strides (``memref.extract_strided_metadata``, folded by ``expand-strided-metadata``); when
     the indices step in multiples of A, LLVM's known-bits analysis makes the test loop-invariant
-    and unswitches the loop. Measured on Zen 5 (layer_norm 4096x1024, 1 thread, ours over the
-    best of eager and Inductor in alternating benchmark runs): 1.06-1.25 aligned against
-    0.99-1.00 in pieces.
+    and unswitches the loop. Measured on Zen 5 (layer_norm 4096x1024, ours over the best of
+    eager and Inductor in four alternating ``python -m benchmarks`` runs each, 1 | 2 threads):
+    1.05-1.14 | 0.78-1.00 with the aligned form against 0.87-0.99 | 0.74-0.91 in pieces only.
 
     Args:
         text: an MLIR module as ``mlir-opt`` prints it after bufferization and the schedules'
