@@ -376,3 +376,18 @@ def test_reducing_the_contiguous_dim_with_others_before_a_kept_dim(shape, dims):
         one, two = _run_both_thread_counts(fn, x)
         _close_to_reference(one, fn, (x,))
         assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("n", [1000003, 65537 * 3])
+def test_one_long_dim_of_odd_length_still_splits_for_the_threads(n):
+    # no multiple of four vectors divides an odd length: the forall's last tile is partial (it
+    # ran on one thread, without a forall, at 1.6x the time of a length one longer)
+    fn = lambda x: torch.sigmoid(x * 2 + 1) * x  # noqa: E731
+    x = torch.randn(n)
+    _, lowered = lower(fn, x)
+    (s,) = plan_codegen(lowered.kernels, AVX2, uses=lowered.value_uses).schedules
+    (tile,) = s.params["forall"]
+    assert s.strategy == "pointwise" and 0 < tile < n and tile % 32 == 0 and n % tile != 0
+    one, two = _run_both_thread_counts(fn, x)
+    _close_to_reference(one, fn, (x,))
+    assert torch.equal(one, two)

@@ -251,7 +251,10 @@ class Pointwise(_VectorStrategy):
         sizes = [0] * nd  # one long dim: chunks of whole vector steps
         n, vl = k.ranges[c], lanes(k, target)
         chunks = max(1, min(CHUNKS, n // max(MIN_CHUNK, vl)))
-        sizes[c] = divisor_tile(n, math.ceil(n / chunks), 4 * vl)
+        want = math.ceil(n / chunks)
+        sizes[c] = divisor_tile(n, want, 4 * vl)
+        if sizes[c] == 0 and chunks > 1:  # no divisor (an odd length): whole vector steps, a partial last tile
+            sizes[c] = math.ceil(want / (4 * vl)) * 4 * vl
         if sizes[c] >= n:
             sizes[c] = 0
         return sizes
