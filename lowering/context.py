@@ -112,9 +112,14 @@ class FunctionBody:
     # eliminate-empty-tensors (which follows same-type values only) writes it in place
     # (``None`` groups: a reshape of such a value, stored through the flattened destination)
     collapsed_views: dict[str, tuple[TensorValue, list[list[int]] | None]] = field(default_factory=dict)
-    # a GEMM's C assembled from several regions (edge tiles): per region, what storing it as a graph
-    # output in place needs (lowering/emit.py _store_output)
-    region_views: dict[str, list["RegionView"]] = field(default_factory=dict)
+    # a GEMM's C assembled from several regions (edge tiles): C, and per region what storing it as a
+    # graph output in place needs (lowering/emit.py _store_output)
+    region_views: dict[str, tuple[TensorValue, list["RegionView"]]] = field(default_factory=dict)
+    # the links a graph output can reach such a C through (lowering/emit.py _store_output): a
+    # row-major reshape (result → source), and a loop updating its init in place (result → the init
+    # and the ``lines`` index of its ``scf.for``: an ``index_put`` into a weight gradient)
+    views: dict[str, TensorValue] = field(default_factory=dict)
+    updates: dict[str, tuple[TensorValue, int]] = field(default_factory=dict)
     init_uses: dict[str, int] = field(default_factory=dict)  # value → times used as a destination (outs)
     # lazy values already written to memory (by object: LazyTensor compares by identity), so a rule
     # that tries one path with a lazy input and falls back to another stores it once
@@ -437,6 +442,7 @@ class LoweringContext:
         if shape == v.shape:
             return v
         out = self._reshape(v, shape)
+        self.body.views[out.name] = v
         if v.name in self.body.collapsed_views:   # a GEMM's C reshaped (a convolution's NCHW output)
             self.body.collapsed_views[out.name] = (self.body.collapsed_views[v.name][0], None)
         if len(shape) > v.rank and [s for s in shape if s != 1] == [s for s in v.shape if s != 1]:

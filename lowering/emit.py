@@ -173,11 +173,11 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
     if declines:
         raise UnsupportedOpsError(declines, graph_name)
     sigs_out, stores = [], []
-    for k, (n, spec) in enumerate(zip(outputs.kernel_nodes, outputs.kernel_specs)):
-        v = _materialized(LoweringContext(body, n, mlir_location(n)), env, n)
+    values = [_materialized(LoweringContext(body, n, mlir_location(n)), env, n) for n in outputs.kernel_nodes]
+    for k, (v, spec) in enumerate(zip(values, outputs.kernel_specs)):
         mt = memref_type(spec.shape, spec.dtype, spec.stride)
         sigs_out.append(f"%arg_out{k}: {mt} {{llvm.noalias}}")
-        stores.extend(_store_output(body, v, f"%arg_out{k}", mt, spec))
+        stores.extend(_store_output(body, v, f"%arg_out{k}", mt, spec, {o.name for o in values if o is not v}))
     output_specs, slots = outputs.kernel_specs, outputs.slots
 
     mlir = ""
@@ -200,7 +200,8 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
                         body.kernels, avoided, body.shares_inits, value_uses(mlir))
 
 
-def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: TensorSpec) -> list[str]:
+def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: TensorSpec,
+                  others: set[str] = frozenset()) -> list[str]:
     """The statements writing graph output ``v`` into the memref ``dest``.
 
     A value computed in an expanded form and collapsed (a GEMM's C in its [M/MR, MR, N/NR, NR]
@@ -210,7 +211,10 @@ def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: 
     gradient of the MLP's backward: 9% of the 2-thread step)."""
     contiguous = tuple(spec.stride) == tuple(contiguous_strides(spec.shape))
     if contiguous and v.name in body.region_views:
-        return _store_regions(body, body.region_views[v.name], dest, mt, spec)
+        return _store_regions(body, body.region_views[v.name][1], dest, mt, spec)
+    chain = _region_chain(body, v, others) if contiguous else None
+    if chain is not None:
+        return _store_through(body, *chain, dest, mt, spec)
     src = body.collapsed_views.get(v.name)
     if src is None or not contiguous:
         return [f"    bufferization.materialize_in_destination {v.name} in restrict writable "
@@ -232,6 +236,84 @@ def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: 
             f": {mt} into {mt4}",
             f"    bufferization.materialize_in_destination {full.name} in restrict writable "
             f"{view} : ({full.type}, {mt4}) -> ()"]
+
+
+def _region_chain(body: FunctionBody, v: TensorValue, others: set[str]
+                  ) -> tuple[TensorValue, tuple[TensorValue, TensorValue, int] | None] | None:
+    """The GEMM's C assembled from regions that ``v`` is a row-major reshape of, or a reshape of an
+    in-place loop update of (at most one: ``(result, init, lines index of its scf.for)``), with
+    that update; ``None`` when ``v`` is neither (:attr:`FunctionBody.views`, :attr:`FunctionBody.updates`).
+
+    With an update, the loop then writes the output buffer that the regions were stored into, so
+    C and every value between it and the loop must have no other reader and be no other output
+    (``others``): another store of a region would copy it from that buffer after the loop wrote
+    it (measured: ``(index_put(C), C)`` returned C with the update in it). Otherwise ``None``."""
+    update, below = None, []
+    while v.name not in body.region_views:
+        if v.name in body.views:
+            v = body.views[v.name]
+        elif v.name in body.updates and update is None:
+            init, line = body.updates[v.name]
+            update, v = (v, init, line), init
+        else:
+            return None
+        if update is not None:
+            below.append(v.name)
+    if update is not None and (any(n in others for n in below) or any(n != 1 for n in _uses(body, below))):
+        return None
+    return v, update
+
+
+def _uses(body: FunctionBody, names: list[str]) -> list[int]:
+    """How often each SSA value in ``names`` is read in the body so far (occurrences minus its definition)."""
+    text = "\n".join(body.lines)
+    return [len(re.findall(re.escape(n) + r"(?![\w.$#])", text)) - 1 for n in names]
+
+
+def _dest_view(body: FunctionBody, dest: str, mt: str, spec: TensorSpec, shape: tuple[int, ...]
+               ) -> tuple[list[str], str, str]:
+    """Contiguous graph output ``dest`` reshaped (row-major) to ``shape``: (statements, memref, its type)."""
+    if tuple(shape) == tuple(spec.shape):
+        return [], dest, mt
+    lines, n = [], math.prod(spec.shape)
+    flat_t = memref_type((n,), spec.dtype, (1,))
+    if len(spec.shape) != 1:
+        flat = body.namer("oflat")
+        lines.append(f"    {flat} = memref.collapse_shape {dest} [[{', '.join(map(str, range(len(spec.shape))))}]] "
+                     f": {mt} into {flat_t}")
+        dest = flat
+    if len(shape) == 1:
+        return lines, dest, flat_t
+    view, view_t = body.namer("oview"), memref_type(tuple(shape), spec.dtype, contiguous_strides(tuple(shape)))
+    lines.append(f"    {view} = memref.expand_shape {dest} [[{', '.join(map(str, range(len(shape))))}]] "
+                 f"output_shape [{', '.join(map(str, shape))}] : {flat_t} into {view_t}")
+    return lines, view, view_t
+
+
+def _store_through(body: FunctionBody, c: TensorValue, update: tuple[TensorValue, TensorValue, int] | None,
+                   dest: str, mt: str, spec: TensorSpec) -> list[str]:
+    """Graph output ``dest`` holding a region-assembled GEMM C seen through reshapes and at most one
+    in-place loop update (:func:`_region_chain`): the regions go straight into ``dest`` reshaped to
+    C (:func:`_store_regions`), and the loop updates ``dest`` itself, its init being ``dest`` read
+    back after the regions. Stored as the final value instead, the regions computed into a
+    temporary (eliminate-empty-tensors stops at reshapes) and a whole-output ``memcpy`` followed:
+    GPT-2's tied embedding and LM-head weight gradient (``index_put`` into a 50257×768 ``mm``),
+    154 MB a step, and its 128×50257 logits viewed as (1, 128, 50257), 26 MB."""
+    pre, dc, dc_t = _dest_view(body, dest, mt, spec, c.shape)
+    stores = pre + _store_regions(body, body.region_views[c.name][1], dc, dc_t,
+                                  TensorSpec(c.shape, c.dtype, contiguous_strides(c.shape)))
+    if update is None:
+        return stores
+    result, init, line = update
+    more, di, di_t = _dest_view(body, dest, mt, spec, init.shape)
+    it = body.namer("t")
+    loop = body.lines[line]
+    assert f"= {init.name}) ->" in loop, loop
+    body.lines[line] = "\n".join(stores + more + [
+        f"    {it} = bufferization.to_tensor {di} restrict writable : {di_t} to {init.type}",
+        loop.replace(f"= {init.name}) ->", f"= {it}) ->", 1)])
+    return [f"    bufferization.materialize_in_destination {result.name} in restrict writable {di} : "
+            f"({result.type}, {di_t}) -> ()"]
 
 
 def _store_regions(body: FunctionBody, views: list[RegionView], dest: str, mt: str, spec: TensorSpec) -> list[str]:

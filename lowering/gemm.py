@@ -211,7 +211,7 @@ def emit_gemm(ctx: Any, a: TensorValue, b: TensorValue, p: GemmProblem, params: 
             c = w.line(f"tensor.insert_slice {flat.name} into {c.name}[{_j(c_off)}] [{_j(c2)}] [{_j([1] * len(c2))}] "
                        f": {flat.type} into {c.type}", c_shape)
     if len(views) == len(regs) > 1:
-        ctx.body.region_views[c.name] = views
+        ctx.body.region_views[c.name] = (c, views)
     ops = ctx._provenance()
     operands = [ctx.body.operand(a), ctx.body.operand(b)] + ([ctx.body.operand(bias)] if bias is not None else [])
     ctx.body.add_kernel(KernelInfo(kid, "matmul", (p.batch or 1, m, n, k), (), tuple(operands) + (

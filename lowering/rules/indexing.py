@@ -350,6 +350,7 @@ def _index_put_rows(ctx: LoweringContext, x: TensorValue, idx: TensorValue, valu
     lines += [f"    {c0} = arith.constant 0 : index", f"    {c1} = arith.constant 1 : index",
               f"    {cn} = arith.constant {n} : index",
               f"    {res} = scf.for {i} = {c0} to {cn} step {c1} iter_args({acc} = {x.name}) -> ({x.type}) {{"]
+    ctx.body.updates[res] = (x, len(lines) - 1)  # x updated in place (lowering/emit.py _store_output)
     b = BodyBuilder(nm, lines, indent="      ", loc=loc)
     raw = b._emit(f"tensor.extract {flat_idx.name}[{i}] : {flat_idx.type}", idx.dtype)  # int index
     r = nm("x")
