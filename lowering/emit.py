@@ -224,12 +224,7 @@ def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: 
     view = body.namer("out")
     lines = []
     if groups is None:   # a reshape of the collapsed value: through the flattened destination
-        n = math.prod(spec.shape)
-        if len(spec.shape) != 1:
-            flat = body.namer("oflat")
-            lines.append(f"    {flat} = memref.collapse_shape {dest} [[{', '.join(map(str, range(len(spec.shape))))}]] "
-                         f": {mt} into {memref_type((n,), full.dtype, (1,))}")
-            dest, mt = flat, memref_type((n,), full.dtype, (1,))
+        lines, dest, mt = _dest_view(body, dest, mt, spec, (math.prod(spec.shape),))
         groups = [list(range(full.rank))]
     return lines + [
             f"    {view} = memref.expand_shape {dest} {reassociation(groups)} output_shape [{', '.join(map(str, full.shape))}] "
