@@ -249,6 +249,8 @@ def _region_chain(body: FunctionBody, v: TensorValue, others: set[str]
             v = body.views[v.name]
         elif v.name in body.updates and update is None:
             init, line = body.updates[v.name]
+            if f"= {init.name}) ->" not in body.lines[line]:   # not the loop text _store_through rewrites
+                return None
             update, v = (v, init, line), init
         else:
             return None
@@ -303,7 +305,6 @@ def _store_through(body: FunctionBody, c: TensorValue, update: tuple[TensorValue
     more, di, di_t = _dest_view(body, dest, mt, spec, init.shape)
     it = body.namer("t")
     loop = body.lines[line]
-    assert f"= {init.name}) ->" in loop, loop
     body.lines[line] = "\n".join(stores + more + [
         f"    {it} = bufferization.to_tensor {di} restrict writable : {di_t} to {init.type}",
         loop.replace(f"= {init.name}) ->", f"= {it}) ->", 1)])
