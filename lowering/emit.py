@@ -174,6 +174,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
         raise UnsupportedOpsError(declines, graph_name)
     sigs_out, stores = [], []
     values = [_materialized(LoweringContext(body, n, mlir_location(n)), env, n) for n in outputs.kernel_nodes]
+    _keep_updated_outputs(body, values)
     for k, (v, spec) in enumerate(zip(values, outputs.kernel_specs)):
         mt = memref_type(spec.shape, spec.dtype, spec.stride)
         sigs_out.append(f"%arg_out{k}: {mt} {{llvm.noalias}}")
@@ -198,6 +199,21 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
     avoided = sum(v.nbytes for v in env.values() if isinstance(v, LazyTensor))
     return LoweredGraph(mlir, CallPlan(input_specs, host_ops, host_specs, output_specs, slots), op_count,
                         body.kernels, avoided, body.shares_inits, value_uses(mlir))
+
+
+def _keep_updated_outputs(body: FunctionBody, values: list[TensorValue]) -> None:
+    """A graph output that is (a reshape of) the init of an in-place loop update (an ``index_put``'s
+    input) is that init's second destination: with eliminate-empty-tensors the init was computed
+    straight into the output buffer and the loop then wrote its update there too (measured:
+    ``(index_put(c), c)`` returned c with the update; ``(c, index_put(c))`` was right). Counted as
+    such (:attr:`FunctionBody.shares_inits`), the graph is bufferized without that pass and the loop
+    works on a copy."""
+    inits = {init.name for init, _ in body.updates.values()}
+    for v in values:
+        while v.name not in inits and v.name in body.views:
+            v = body.views[v.name]
+        if v.name in inits:
+            body.used_as_init(v)
 
 
 def _store_output(body: FunctionBody, v: TensorValue, dest: str, mt: str, spec: TensorSpec,

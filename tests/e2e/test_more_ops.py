@@ -222,6 +222,23 @@ def test_index_put_at_any_dims_with_broadcast_indices_like_eager():
         torch.testing.assert_close(got, ref)
 
 
+@pytest.mark.parametrize("case", ["matmul", "pointwise", "reshape", "output_first"])
+def test_a_tensor_returned_with_its_index_put_keeps_its_own_values(case):
+    """``(index_put(c), c)``: the loop updating c in place must not write into c's output (found by
+    the eighth session's trial: c came back with the update in it, 3.1 off, for ``c = a.t() @ b`` and
+    for ``c = a * 2``; ``(c, index_put(c))`` was right). Against float64."""
+    torch.manual_seed(0)
+    a, b = torch.randn(1, 7), torch.randn(1, 31)
+    idx, vals = torch.tensor([0, 6, 0, 3]), torch.randn(4, 31)
+
+    def f(a, b):
+        c = a.t() @ b if case != "pointwise" else a.t() * 2 + b
+        r = torch.ops.aten._unsafe_index_put(c, [idx], vals.to(c.dtype), True)
+        return {"reshape": (r, c.reshape(-1)), "output_first": (c, r)}.get(case, (r, c))
+    for got, ref in zip(neuron_compile(f)(a, b), f(a.double(), b.double())):
+        torch.testing.assert_close(got, ref.float(), rtol=1e-5, atol=1e-5)
+
+
 def test_segment_reduce_and_nonzero_static_like_eager():
     data = torch.tensor([[1., 2.], [float("nan"), 4.], [5., 6.], [7., -8.], [9., 10.]])
     lengths = torch.tensor([2, 0, 3])
