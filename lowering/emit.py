@@ -272,15 +272,11 @@ def _region_chain(body: FunctionBody, v: TensorValue, others: set[str]
             return None
         if update is not None:
             below.append(v.name)
-    if update is not None and (any(n in others for n in below) or any(n != 1 for n in _uses(body, below))):
-        return None
+    if update is not None:
+        uses = value_uses("\n".join(body.lines))
+        if any(n in others or uses.get(n, 0) != 1 for n in below):
+            return None
     return v, update
-
-
-def _uses(body: FunctionBody, names: list[str]) -> list[int]:
-    """How often each SSA value in ``names`` is read in the body so far (occurrences minus its definition)."""
-    text = "\n".join(body.lines)
-    return [len(re.findall(re.escape(n) + r"(?![\w.$#])", text)) - 1 for n in names]
 
 
 def _dest_view(body: FunctionBody, dest: str, mt: str, spec: TensorSpec, shape: tuple[int, ...]
