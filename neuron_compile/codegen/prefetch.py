@@ -13,7 +13,8 @@ The schedule decides (``prefetch`` in a ``fused-rows`` schedule, :func:`~neuron_
 strategies.fused_rows.plan_groups`) and marks the row loop of the member that re-reads the input
 first (``neuron.prefetch = D`` on its outermost row ``scf.for``, D the rows per block along the
 dim consecutive blocks step, ``neuron.prefetch_dim``, 0 when absent: softmax over ``(B, S, N)`` in
-blocks of rows inside one sequence steps along dim 1); blocks of one row do not prefetch
+blocks of rows inside one sequence steps along dim 1). In blocks of one row the first member to
+read the input marks its column loop instead, with D the rows ahead it prefetches
 (:func:`~neuron_compile.codegen.strategies.fused_rows.prefetch_member`). MLIR has ``memref.prefetch``
 but no transform op that creates one, and ``mlir-opt`` runs out of process, so :func:`rewrite` is
 a text pass over the IR between two ``mlir-opt`` stages

@@ -1,12 +1,14 @@
 """Software prefetch of the next row block in ``fused-rows`` kernels (neuron_compile.codegen.prefetch).
 
-The decision is pure (which member re-reads a graph input first, only when that input exceeds L2
-and the blocks hold several rows); the rewrite is a text pass whose output ``mlir-opt`` must accept; applied,
+The decision is pure (only when a graph input exceeds L2: in blocks of several rows the member that
+re-reads it first prefetches the next block, in blocks of one row the member that reads it first
+prefetches rows ahead); the rewrite is a text pass whose output ``mlir-opt`` must accept; applied,
 a prefetch must change no bit (the same results as without it, at 1 and 2 threads, on shapes
 whose rows the vector step does not divide) and must stay inside the input (clamped last block)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 
 import pytest
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from neuron_compile.cache import clear_memory_cache
 from neuron_compile.codegen import Slot, TargetInfo, plan_codegen
 from neuron_compile.codegen.kernels import KernelInfo
-from neuron_compile.codegen.prefetch import MARK, rewrite
+from neuron_compile.codegen.prefetch import DIM, MARK, rewrite
 from neuron_compile.codegen.strategies.fused_rows import FusedRows
 from neuron_compile.codegen.strategy import Schedule
 from neuron_compile.target import HostCPU
@@ -53,16 +55,35 @@ def test_the_first_member_to_reread_a_large_graph_input_prefetches():
     assert p["rows"] > 1 and p["prefetch"] == p["group"][1]   # mean, then variance re-reads x
 
 
-def test_one_row_blocks_do_not_prefetch():
-    # layer_norm and softmax over rows of 4 KB: blocks of one row, which the hardware prefetcher
-    # keeps fed; no member and no loop is marked for the rewrite
+def _annotations(text: str) -> list[tuple[str, str]]:
+    """(attribute name, value) of each ``transform.annotate`` in a transform sequence."""
+    params = dict(re.findall(r"(%\w+) = transform\.param\.constant (\S+)", text))
+    return [(name, params[p]) for name, p in re.findall(r'transform\.annotate %\w+ "([\w.]+)" = (%\w+)', text)]
+
+
+def test_one_row_blocks_prefetch_rows_ahead_in_the_first_reader():
+    # layer_norm and softmax over rows of 4 KB: blocks of one row; the first member to read x (the
+    # mean, the max) marks its column loop to prefetch 8 KB ahead: 2 rows along dim 0
     for fn, args in ((lambda x, w, b: F.layer_norm(x, (1024,), w, b),
                       (torch.empty(4096, 1024), torch.empty(1024), torch.empty(1024))),
                      (lambda x: x.softmax(-1), (torch.empty(4096, 1024),))):
-        _, p = _fused_params(fn, *args)
-        assert p["rows"] == 1 and "prefetch" not in p
+        kernels, p = _fused_params(fn, *args)
+        readers = [k.id for k in kernels if k.id in p["group"] and any(o.strides is not None for o in k.inputs)]
+        assert p["rows"] == 1 and p["prefetch"] == readers[0] == p["group"][0] and p["prefetch_rows"] == 2
         text = FusedRows().transform(KernelInfo.from_json(p["members"][-1]), Schedule(FusedRows.name, p))
-        assert MARK not in text
+        marks = _annotations(text)
+        assert marks.count((MARK, "2")) == 1 and (DIM, "0") in marks
+    # rows of 16 KB: one row ahead; blocks over (B, S) rows: along S, the innermost row dim
+    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(256, 4096))
+    assert p["rows"] == 1 and p["prefetch_rows"] == 1
+    _, p = _fused_params(lambda x, w, b: F.layer_norm(x, (768,), w, b), torch.empty(8, 128, 768),
+                         torch.empty(768), torch.empty(768))
+    assert p["block"] == [1, 1] and p["prefetch_rows"] == 3
+    text = FusedRows().transform(KernelInfo.from_json(p["members"][-1]), Schedule(FusedRows.name, p))
+    assert (MARK, "3") in _annotations(text) and (DIM, "1") in _annotations(text)
+    # in L2 (128 rows of 4 KB: 512 KiB): no prefetch
+    _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(128, 1024))
+    assert p["rows"] == 1 and "prefetch" not in p
 
 
 def test_no_prefetch_when_the_input_fits_in_l2_is_an_intermediate_or_is_strided():
@@ -135,7 +156,7 @@ def test_rewrite_leaves_unmarked_text_alone():
 
 
 CASES = {
-    # rows shorter than 2 KB of output (blocks of several rows: rows of more do not prefetch)
+    # rows shorter than 2 KB of output: blocks of several rows, the next block prefetched
     "softmax-odd": (lambda x: x.softmax(-1), (torch.randn(512, 250) * 3,)),
     "log-softmax": (lambda x: torch.log_softmax(x, -1), (torch.randn(768, 203) * 3,)),
     "layer-norm": (lambda x, w, b: F.layer_norm(x, (384,), w, b), (torch.randn(256, 384), torch.randn(384),
@@ -146,6 +167,13 @@ CASES = {
     # (the next block along dim 0)
     "softmax-rank4": (lambda x: x.softmax(-1), (torch.randn(2, 3, 40, 200) * 3,)),
     "softmax-whole-inner-dim": (lambda x: x.softmax(-1), (torch.randn(96, 3, 130) * 3,)),
+    # rows of 2 KB of output or more: blocks of one row, the first reader's column loop prefetches
+    # (a partial last vector step: 600 and 1000 columns; rows ahead along dim 1, clamped at its end)
+    "softmax-one-row-blocks": (lambda x: x.softmax(-1), (torch.randn(64, 600) * 3,)),
+    "layer-norm-one-row-blocks": (lambda x, w, b: F.layer_norm(x, (1000,), w, b),
+                                  (torch.randn(80, 1000), torch.randn(1000), torch.randn(1000))),
+    "layer-norm-one-row-blocks-rank3": (lambda x, w, b: F.layer_norm(x, (520,), w, b),
+                                        (torch.randn(2, 40, 520), torch.randn(520), torch.randn(520))),
 }
 
 
