@@ -81,6 +81,9 @@ def test_one_row_blocks_prefetch_rows_ahead_in_the_first_reader():
     assert p["block"] == [1, 1] and p["prefetch_rows"] == 3
     text = FusedRows().transform(KernelInfo.from_json(p["members"][-1]), Schedule(FusedRows.name, p))
     assert (MARK, "3") in _annotations(text) and (DIM, "1") in _annotations(text)
+    # rows of 201 KB (GPT-2's vocabulary): the row ahead and this one exceed a quarter of L2
+    _, p = _fused_params(lambda x: x.log_softmax(-1), torch.empty(128, 50257))
+    assert p["rows"] == 1 and "prefetch" not in p
     # in L2 (128 rows of 4 KB: 512 KiB): no prefetch
     _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(128, 1024))
     assert p["rows"] == 1 and "prefetch" not in p
