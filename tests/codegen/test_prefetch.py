@@ -84,6 +84,12 @@ def test_one_row_blocks_prefetch_rows_ahead_in_the_first_reader():
     # rows of 201 KB (GPT-2's vocabulary): the row ahead and this one exceed a quarter of L2
     _, p = _fused_params(lambda x: x.log_softmax(-1), torch.empty(128, 50257))
     assert p["rows"] == 1 and "prefetch" not in p
+    # layer_norm's backward: the first member reads the gradient, a later one x; no member reads
+    # both, so none prefetches
+    _, p = _fused_params(lambda g, x, mean, rstd, w: torch.ops.aten.native_layer_norm_backward(
+        g, x, [1024], mean, rstd, w, None, [True, False, False])[0], torch.empty(4096, 1024), torch.empty(4096, 1024),
+        torch.empty(4096, 1), torch.empty(4096, 1), torch.empty(1024))
+    assert p["rows"] == 1 and len(p["group"]) == 3 and "prefetch" not in p
     # in L2 (128 rows of 4 KB: 512 KiB): no prefetch
     _, p = _fused_params(lambda x: x.softmax(-1), torch.empty(128, 1024))
     assert p["rows"] == 1 and "prefetch" not in p

@@ -183,21 +183,26 @@ def prefetch_member(group: Sequence[KernelInfo], tiles: Sequence[int], target: T
 
     - Blocks of several rows: the first member to re-read such an input; its row loop prefetches
       the next block while the block computes.
-    - Blocks of one row: the first member to read such an input; its column loop prefetches the
-      row :func:`prefetch_rows` further on while it streams this one, so memory keeps working
-      while the later members compute on the row in L1. Measured on Zen 5, each variant compiled
-      in one process and timed interleaved with eager, 44 pairs: layer_norm and softmax forward
-      over 8192x512, 4096x1024, 2048x2048 and 1024x4096 with the input in L3 and read from memory
-      (eight inputs in turn), and their forward and backward at 8x128x768, 4096x1024 and
-      1024x4096, at 1 and 2 threads. Time with the prefetch over without: 0.925-1.032, mean 0.988;
-      faster by more than 1 % in 22 pairs, slower by more than 1 % in 4. The slowest pair,
-      layer_norm 4096x1024 at 2 threads with the input in L3, came out 0.974-0.988 in three
-      repeats. Prefetching 8 KB ahead in the *last* member instead had been slower by up to 13 %
-      in 39 of 46 such pairs."""
+    - Blocks of one row: the first member to read such an input, when it reads every such input
+      of the chain; its column loop prefetches the rows :func:`prefetch_rows` further on while it
+      streams this one, so memory keeps working while the later members compute on the row in
+      L1. Measured on Zen 5, each variant compiled in one process (at the thread count it is
+      timed at) and timed interleaved with eager: layer_norm and softmax forward over 8192x512,
+      4096x1024, 2048x2048 and 1024x4096, the input in L3 and read from memory (eight inputs in
+      turn), and their forward and backward at 8x128x768, 4096x1024 and 1024x4096. Time with the
+      prefetch over without, 1 thread: forward 0.818-1.009 (mean 0.918, 16 pairs), forward and
+      backward 0.958-1.011 except layer_norm's backward at 4096x1024, 1.033-1.057 in three runs:
+      its first member reads the gradient, a later one x, hence the rule that one member reads
+      them all. 2 threads: 0.950-1.032 (mean 0.986, 22 pairs), for scale two builds of the
+      *same* kernel timed this way differ by 0.925-1.014. Prefetching 8 KB ahead in the *last*
+      member instead had been slower by up to 13 % in 39 of 46 pairs (an earlier session)."""
     found = _large_row_inputs(group, len(tiles), target)
     if math.prod(tiles) == 1:
-        first = [ids[0] for ids, row in found.values() if _ahead_fits(row, target)]
-        return min(first) if first else None
+        streamed = [ids for ids, row in found.values() if _ahead_fits(row, target)]
+        first = min((ids[0] for ids in streamed), default=None)
+        # only when that member reads them all: prefetching one input ahead of the others (the
+        # gradient in layer_norm's backward, whose x a later member reads first) was slower
+        return first if first is not None and all(first in ids for ids in streamed) else None
     second = [ids[1] for ids, _ in found.values() if len(ids) > 1]
     return min(second) if second else None
 
@@ -208,9 +213,9 @@ def _rows_ahead(row_bytes: int) -> int:
 
 def _ahead_fits(row_bytes: int, target: TargetInfo) -> bool:
     """Whether the rows prefetched ahead and the row in use fit in a quarter of L2. Not for
-    log_softmax over GPT-2's 50257-word vocabulary (rows of 201 KB), measured on Zen 5 as in
-    :func:`prefetch_member` at 128x50257: time with the prefetch over without 1.008 | 1.033 at
-    1 | 2 threads forward, 0.986 | 1.048 forward and backward."""
+    log_softmax over GPT-2's 50257-word vocabulary (rows of 201 KB), measured as in
+    :func:`prefetch_member` at 128x50257, time with the prefetch over without: forward 0.969 |
+    1.033 at 1 | 2 threads, forward and backward 1.009 | 1.048."""
     return (_rows_ahead(row_bytes) + 1) * row_bytes <= target.l2_bytes // 4
 
 
