@@ -34,42 +34,29 @@ from neuron_compile.codegen.strategy import TargetInfo
 ENTRY = "__neuron_post_bufferize"
 INTERPRETER = f"transform-interpreter{{entry-point={ENTRY}}}"
 LLC_SHARE = 0.75   # of the last-level cache a kernel may assume is its own (glibc's factor)
-# 8-byte non-temporal pieces one vector store splits into, above which a chain that computes a
-# transcendental function per element does not stream: 4 for a 256-bit vector (Zen 3, the gain
-# above), 8 for a 512-bit one. Measured on Zen 5 (AVX-512) with ``python -m benchmarks``, ours
-# over best(eager, Inductor) at 1 | 2 threads, two runs each: softmax 4096x1024 streamed
-# 1.10-1.14 | 1.11-1.22, not streamed 1.41-1.44 | 1.29-1.54 (eight store instructions per vector
-# on a kernel its exp pass already keeps busy); layer_norm 4096x1024, no transcendental, streamed
-# 1.24-1.25 | 0.91-1.31, not streamed 0.96-1.10 | 0.69-1.08: it keeps streaming.
-MAX_PIECES = 4
-# ATen ops (by name, any overload) computed by a polynomial or a library call per element
-TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "erf",
-                            "erfc", "erfinv", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh",
-                            "cosh", "asinh", "acosh", "atanh", "pow"})
 ANY = "!transform.any_op"
-
-
-def _aten_name(op: str) -> str:
-    """``exp`` for ``aten.exp.default``; a name without namespace and overload (``getitem``) as is."""
-    parts = op.split(".")
-    return parts[1] if len(parts) >= 3 else op
 
 
 def streams(kernels: Iterable[KernelInfo], target: TargetInfo) -> bool:
     """Whether the last of ``kernels`` (one kernel, or a fused chain in order) should write its
     outputs with non-temporal stores: it is ``pointwise``, the target has 8-byte non-temporal
-    stores of vector lanes (``movntsd``: SSE4A, AMD), the chain's traffic, reads from outside the
-    chain plus the last kernel's writes, exceeds :data:`LLC_SHARE` of the last-level cache, and
-    when a vector store splits into more than :data:`MAX_PIECES` of them, no kernel of the chain
-    computes one of the :data:`TRANSCENDENTAL` ops (softmax's exp).
+    stores of vector lanes (``movntsd``: SSE4A, AMD), and the chain's traffic, reads from outside
+    the chain plus the last kernel's writes, exceeds :data:`LLC_SHARE` of the last-level cache.
+
+    Chains that compute a transcendental function per element stream too. An earlier rule kept
+    them out on AVX-512 (a vector store there splits into eight 8-byte pieces when unaligned),
+    from full benchmark runs made at different times; measured side by side in one process on
+    Zen 5 (each variant compiled at the thread count it is timed at, interleaved with eager;
+    4096x1024, the input in L3 or read from memory, 1 and 2 threads), time streamed over not
+    streamed: softmax 0.87-0.97 (seven pairs), tanh 0.85 and 0.96, gelu 0.91-1.03 (five), silu
+    0.78-1.12 (seven: four faster, three slower). The output buffers torch allocates are 64-byte aligned, so
+    the aligned form of :func:`align_stores` (one ``vmovntps`` per vector) is the one taken.
 
     Without SSE4A an unaligned non-temporal vector store becomes ``movnti`` from general registers
     (four per 256-bit vector, each after an extract): not measured, so not chosen.
     """
     ks = list(kernels)
     if not ks or ks[-1].kind != "pointwise" or not target.llc_bytes or not target.sse4a:
-        return False
-    if target.vector_bits // 64 > MAX_PIECES and any(_aten_name(op) in TRANSCENDENTAL for k in ks for op in k.ops):
         return False
     made = {r for k in ks for r in k.results}
     reads = {o.value: o.nbytes for k in ks for o in k.inputs if o.value not in made}
