@@ -167,10 +167,12 @@ def test_row_blocks_are_small_with_stack_temporaries_where_they_fit():
     zen5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20)
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 1024), target=zen5)
     assert (p["rows"], p.get("stack")) == (1, True)
-    # rows of 128 floats write 1 KB: an eighth of a 1 MB L2 is 128 rows, whose temporaries (the
-    # exp rows and two per-row scalars: 65 KB) go on the stack
+    # rows of 128 floats (512 bytes): blocks of SHORT_ROWS = 4 rows, whose temporaries (the exp
+    # rows and two per-row scalars: 2 KB) go on the stack; rows of 16 floats: 16-row blocks (1 KB)
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 128), target=zen5)
-    assert (p["rows"], p.get("stack")) == (128, True)
+    assert (p["rows"], p.get("stack")) == (4, True)
+    p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(4096, 16), target=zen5)
+    assert (p["rows"], p.get("stack")) == (16, True)
     # rows of 40,000 floats: one row's exp temporary alone is 160 KB, over the stack budget: on the heap
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 40000), target=zen5)
     assert (p["rows"], p.get("stack")) == (1, None)
@@ -229,13 +231,13 @@ def test_row_blocks_span_every_leading_dim():
     block for both threads (0.6-0.8x eager, measured on Zen 5)."""
     zen5 = TargetInfo("avx512", 512, 32, l2_bytes=1 << 20)
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(8, 512, 128), target=zen5)
-    assert (p["block"], p["rows"], p.get("stack")) == ([1, 128], 128, True)   # as 4096 rows of 128
+    assert (p["block"], p["rows"], p.get("stack")) == ([1, 4], 4, True)   # as 4096 rows of 128
     # a keepdim reduction over a unit batch dim is read at (d0, d1, d2), not through a
-    # collapse_shape that dropped d0: the whole chain fuses, in 12 x 1 blocks of 128 rows
+    # collapse_shape that dropped d0: the whole chain fuses, in blocks of 4 rows
     _, lowered = lower(lambda x: x.softmax(-1), torch.randn(1, 12, 128, 128))
     plan = plan_codegen(lowered.kernels, zen5, uses=lowered.value_uses)
     assert {s.strategy for s in plan.schedules} == {"fused-rows"}
-    assert plan.schedules[0].params["block"] == [1, 1, 128]
+    assert plan.schedules[0].params["block"] == [1, 1, 4]
     # whole inner dims, then a divisor of the next outer one
     p = _fused_rows_params(lambda x: x.softmax(-1), torch.randn(64, 4, 64), target=zen5)
     assert p["block"][1] == 4 and 64 % p["block"][0] == 0 and p["rows"] == 4 * p["block"][0] <= 64

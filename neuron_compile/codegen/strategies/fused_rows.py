@@ -37,7 +37,9 @@ from neuron_compile.lowering.ir import contiguous_strides
 _INNER = {"pointwise": vector.Pointwise(), "row-reduction": vector.RowReduction()}
 STACK_BYTES = 128 << 10  # a block's temporaries on the stack, at most
 STACK_SHARE = 8          # ... and at most this share of the smallest thread stack (OMP_STACKSIZE)
-ROW_BLOCK_BYTES = 2 << 10  # rows whose outputs take at least this many bytes: blocks of one row
+ROW_BLOCK_BYTES = 2 << 10  # rows a member writes this long or longer: blocks of one row
+SHORT_ROWS = 4             # shorter rows: blocks of this many rows,
+MIN_BLOCK_BYTES = 1 << 10  # or more, until the block's longest rows take this many bytes
 # LLVM loop metadata (``llvm.loop.unroll.disable``) for the column loops of one-row blocks: the
 # loops of all members then sit side by side in one block, and once ``opt`` unrolls them fully
 # (768 columns: 12 trips) GVN reuses the first member's loads of the row in the later members, and
@@ -133,30 +135,32 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> t
     32 KB: a deeper stack than the threads have would crash the caller's process), they go on the
     stack and no block pays a ``malloc`` and ``free``; otherwise they go on the heap.
 
-    - Rows whose outputs take :data:`ROW_BLOCK_BYTES` or more: one row per block. A C model of
-      layer_norm 4096×1024 (1 thread, eight inputs in turn, so every read comes from memory) took
-      1.02–1.15 ms in 32-row blocks, 0.99–1.02 in 16-row blocks prefetching the next block and
-      0.92–0.96 in one-row blocks. One-row blocks prefetch rows ahead in the first member to
-      read the input (:func:`prefetch_member`).
-    - Shorter rows: the chain's row outputs fill an eighth of L2 (half of it when the temporaries
-      go on the heap), counted over all ``p`` row dims (:func:`~.vector.block_tiles`), with at
-      least four blocks for the threads: softmax over ``(1, 12, 128, 128)`` is 12 blocks of 128
-      rows, not one block for both threads. Measured on Zen 5, 1 thread, input read from memory,
-      ours/eager in one process: softmax 4096×1024 0.87–0.92 → 0.96–0.99 in 16-row blocks,
-      layer_norm 1.22 → 1.33 in 32-row blocks (before one-row blocks)."""
+    - Rows of :data:`ROW_BLOCK_BYTES` or more (the longest row a member writes: softmax's and
+      layer_norm's result rows): one row per block. A C model of layer_norm 4096×1024 (1 thread, eight inputs in turn, so
+      every read comes from memory) took 1.02–1.15 ms in 32-row blocks, 0.99–1.02 in 16-row blocks
+      prefetching the next block and 0.92–0.96 in one-row blocks. One-row blocks prefetch rows
+      ahead in the first member to read the input (:func:`prefetch_member`).
+    - Shorter rows: blocks of :data:`SHORT_ROWS` rows (more when those rows take under
+      :data:`MIN_BLOCK_BYTES`), over all ``p`` row dims (:func:`~.vector.block_tiles`), with at
+      least four blocks for the threads. Their data stays in L1 between the members. Measured on
+      Zen 5 against blocks whose outputs filled an eighth of L2 (the rule before), each variant
+      compiled in one process and timed interleaved with eager, ms at 1 | 2 threads: softmax over
+      (8, 12, 128, 128) 0.795 | 0.440 → 0.622 | 0.344 (eager 0.740 | 0.387), (32768, 64) 1.210 |
+      0.911 → 0.879 | 0.671, (16384, 256) 1.941 | 1.258 → 1.511 | 1.033; layer_norm (16384, 256)
+      1.453 | 0.781 → 1.053 | 0.598, (32768, 64) 0.760 | 0.632 → 0.543 | 0.450, (8192, 384) 0.687 |
+      0.487 → 0.638 | 0.441; softmax forward and backward over (8, 12, 128, 128) 1.945 | 1.149 →
+      1.724 | 1.037. Blocks of 2 to 16 rows all beat the old blocks there, 4 rows being best or
+      within 10 % of best in each case; at 2 KB rows (layer_norm over 512 columns) one row per
+      block stays better (0.743 | 0.573 against 0.860 | 0.617 in 4-row blocks)."""
     lead = group[0].ranges[:p]
     n = math.prod(lead)
-    row = max(1, _row_bytes(group, p))
+    result_row = max(1, max(_row_bytes([k], p) for k in group))   # the longest row a member writes
     budget = min(STACK_BYTES, target.stack_bytes // STACK_SHARE)
-    if row >= ROW_BLOCK_BYTES and n >= 4:
+    if result_row >= ROW_BLOCK_BYTES and n >= 4:
         return [1] * p, stack_bytes(group, [1] * p) <= budget
-
-    def tiles_filling(l2_share: int) -> list[int]:  # rows whose outputs fill 1/l2_share of L2
-        return vector.block_tiles(lead, max(1, min(n // 4 or 1, target.l2_bytes // l2_share // row)))
-    tiles = tiles_filling(8)
-    if stack_bytes(group, tiles) <= budget:
-        return tiles, True
-    return tiles_filling(2), False
+    rows = max(SHORT_ROWS, -(-MIN_BLOCK_BYTES // result_row))
+    tiles = vector.block_tiles(lead, max(1, min(n // 4 or 1, rows)))
+    return tiles, stack_bytes(group, tiles) <= budget
 
 
 def _large_row_inputs(group: Sequence[KernelInfo], p: int, target: TargetInfo) -> dict[str, tuple[list[int], int]]:
