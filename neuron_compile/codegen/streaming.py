@@ -49,8 +49,8 @@ def streams(kernels: Iterable[KernelInfo], target: TargetInfo) -> bool:
     Zen 5 (each variant compiled at the thread count it is timed at, interleaved with eager;
     4096x1024, the input in L3 or read from memory, 1 and 2 threads), time streamed over not
     streamed: softmax 0.87-0.97 (seven pairs), tanh 0.85 and 0.96, gelu 0.91-1.03 (five), silu
-    0.78-1.12 (seven: four faster, three slower). The output buffers torch allocates are 64-byte aligned, so
-    the aligned form of :func:`align_stores` (one ``vmovntps`` per vector) is the one taken.
+    0.78-1.12 (seven: four faster, three slower). The output buffers torch allocates are 64-byte
+    aligned, so the aligned form of :func:`align_stores` (one ``vmovntps`` per vector) is taken.
 
     Without SSE4A an unaligned non-temporal vector store becomes ``movnti`` from general registers
     (four per 256-bit vector, each after an extract): not measured, so not chosen.

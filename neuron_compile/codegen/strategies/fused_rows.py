@@ -136,10 +136,11 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> t
     stack and no block pays a ``malloc`` and ``free``; otherwise they go on the heap.
 
     - Rows of :data:`ROW_BLOCK_BYTES` or more (the longest row a member writes: softmax's and
-      layer_norm's result rows): one row per block. A C model of layer_norm 4096×1024 (1 thread, eight inputs in turn, so
-      every read comes from memory) took 1.02–1.15 ms in 32-row blocks, 0.99–1.02 in 16-row blocks
-      prefetching the next block and 0.92–0.96 in one-row blocks. One-row blocks prefetch rows
-      ahead in the first member to read the input (:func:`prefetch_member`).
+      layer_norm's result rows): one row per block. A C model of layer_norm 4096×1024 (1 thread,
+      eight inputs in turn, so every read comes from memory) took 1.02–1.15 ms in 32-row blocks,
+      0.99–1.02 in 16-row blocks prefetching the next block and 0.92–0.96 in one-row blocks.
+      One-row blocks prefetch rows ahead in the first member to read the input
+      (:func:`prefetch_member`).
     - Shorter rows: blocks of :data:`SHORT_ROWS` rows (more when those rows take under
       :data:`MIN_BLOCK_BYTES`), over all ``p`` row dims (:func:`~.vector.block_tiles`), with at
       least four blocks for the threads. Their data stays in L1 between the members. Measured on
@@ -154,11 +155,11 @@ def block_plan(group: Sequence[KernelInfo], target: TargetInfo, p: int = 1) -> t
       block stays better (0.743 | 0.573 against 0.860 | 0.617 in 4-row blocks)."""
     lead = group[0].ranges[:p]
     n = math.prod(lead)
-    result_row = max(1, max(_row_bytes([k], p) for k in group))   # the longest row a member writes
+    longest_row = max(1, max(_row_bytes([k], p) for k in group))   # of the rows a member writes
     budget = min(STACK_BYTES, target.stack_bytes // STACK_SHARE)
-    if result_row >= ROW_BLOCK_BYTES and n >= 4:
+    if longest_row >= ROW_BLOCK_BYTES and n >= 4:
         return [1] * p, stack_bytes(group, [1] * p) <= budget
-    rows = max(SHORT_ROWS, -(-MIN_BLOCK_BYTES // result_row))
+    rows = max(SHORT_ROWS, -(-MIN_BLOCK_BYTES // longest_row))
     tiles = vector.block_tiles(lead, max(1, min(n // 4 or 1, rows)))
     return tiles, stack_bytes(group, tiles) <= budget
 
