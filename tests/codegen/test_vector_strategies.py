@@ -393,3 +393,25 @@ def test_one_long_dim_of_odd_length_still_splits_for_the_threads(n):
     one, two = _run_both_thread_counts(fn, x)
     _close_to_reference(one, fn, (x,))
     assert torch.equal(one, two)
+
+
+def test_an_expanded_input_is_reduced_along_its_rows():
+    """A stride-0 dim (``x.expand(...)``) is not the contiguous one: layer_norm over an expanded input
+    runs as a row chain, not as column reductions that summed each row one float32 at a time (rows
+    offset by 50 and scaled by 30, as a new user's trial had them: 26x eager's float32 error that
+    way, 3.3x now; 3-26x and 0.9-3.3x over four seeds)."""
+    torch.manual_seed(1)
+    x = torch.randn(1, 300, 1025, dtype=torch.float64)
+    x[..., -1, :] *= 30
+    x[..., -2, :] += 50
+    x = x.float().expand(4, 300, 1025)
+    w = (1 + 0.1 * torch.randn(1025, dtype=torch.float64)).float()
+    b = (0.1 * torch.randn(1025, dtype=torch.float64)).float()
+    fn = lambda x, w, b: torch.nn.functional.layer_norm(x, (1025,), w, b)  # noqa: E731
+    _, lowered = lower(fn, x, w, b)
+    plan = plan_codegen(lowered.kernels, AVX2, uses=lowered.value_uses)
+    assert {s.strategy for s in plan.schedules} == {"fused-rows"}
+    reference = fn(x.double(), w.double(), b.double())
+    eager_error = (fn(x, w, b).double() - reference).abs().max().item()
+    for out in at_one_and_two_threads(neuron_compile(fn, options={"cache": False}), x, w, b):
+        assert (out.double() - reference).abs().max().item() <= 5 * eager_error
