@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from neuron_compile.overloads import aten_overload, present
 from neuron_compile.passes import (bessel, distance, embedding, erf_family, foreach, histogram, householder, jacobi,
                                    linalg, sampling, separable, special, transformer, view_scatter)
 
@@ -351,14 +352,14 @@ def _adaptive_max_pool(x, output_size):
     return vals.amax(-1), vals.argmax(-1)
 
 
-OURS: dict[object, tuple[Callable, str]] = {
+OURS: dict[object, tuple[Callable, str]] = present({
     aten.empty_permuted.default: (lambda size, physical_layout, **kw: torch.empty(
         [size[p] for p in physical_layout], **kw).permute([physical_layout.index(d) for d in range(len(size))]),
         "empty in the physical order, permuted to the logical one (ATen's own definition)"),
     aten.linalg_solve_triangular.default: (linalg.solve_triangular, "substitution unrolled over rows"),
     aten.triangular_solve.default: (linalg.triangular_solve, "substitution unrolled over rows"),
     aten.linalg_cholesky_ex.default: (linalg.cholesky_ex, "Cholesky-Banachiewicz unrolled over columns"),
-    aten.cholesky.default: (linalg.cholesky, "Cholesky-Banachiewicz unrolled over columns"),
+    aten_overload("cholesky.default"): (linalg.cholesky, "Cholesky-Banachiewicz unrolled over columns"),
     aten.cholesky_solve.default: (linalg.cholesky_solve, "two triangular solves"),
     aten.cholesky_inverse.default: (linalg.cholesky_inverse, "two triangular solves against the identity"),
     aten.linalg_lu_factor_ex.default: (linalg.lu_factor_ex, "partial-pivoting elimination unrolled over columns"),
@@ -464,7 +465,7 @@ OURS: dict[object, tuple[Callable, str]] = {
                                                      "ATen scaled_modified_bessel_k1_forward, Chebyshev"),
     aten.special_spherical_bessel_j0.default: (bessel.spherical_bessel_j0, "sin(x)/x; Taylor series for |x| < 0.5"),
     aten.special_airy_ai.default: (bessel.airy_ai, "ATen airy_ai_forward: asymptotic forms, power series (masked)"),
-}
+})
 
 OURS.update(foreach.table())  # the optimizers' _foreach_* ops, one entry per overload
 
