@@ -202,17 +202,22 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
 
 
 def _keep_updated_outputs(body: FunctionBody, values: list[TensorValue]) -> None:
-    """A graph output that is (a reshape of) the init of an in-place loop update (an ``index_put``'s
-    input) is that init's second destination: with eliminate-empty-tensors the init was computed
-    straight into the output buffer and the loop then wrote its update there too (measured:
-    ``(index_put(c), c)`` returned c with the update; ``(c, index_put(c))`` was right). Counted as
-    such (:attr:`FunctionBody.shares_inits`), the graph is bufferized without that pass and the loop
-    works on a copy."""
+    """A graph output that is (a reshape of) a value some op also takes as its destination (``outs``:
+    a scatter's ``self``, an ``index_put``'s input, an accumulator) is that value's second
+    destination. With eliminate-empty-tensors the value was computed straight into the output buffer
+    and the op then wrote its result there too: ``b = x * 2; return b.scatter_add(0, i, s), b``
+    returned ``b`` with the scattered values, and a ``self`` saved for the backward gave wrong
+    gradients (``index_reduce`` amax). Counted as such (:attr:`FunctionBody.shares_inits`), the
+    graph is bufferized without that pass and the op works on a copy."""
     inits = {init.name for init, _ in body.updates.values()}
+
+    def is_init(v: TensorValue) -> bool:
+        return v.name in inits or body.init_uses.get(v.name.split("#")[0], 0) > 0
+
     for v in values:
-        while v.name not in inits and v.name in body.views:
+        while not is_init(v) and v.name in body.views:
             v = body.views[v.name]
-        if v.name in inits:
+        if is_init(v):
             body.used_as_init(v)
 
 

@@ -36,7 +36,11 @@ class OutputPlan:
 def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
                  host_index: dict[torch.fx.Node, int]) -> OutputPlan:
     """Decide, for every graph output, how the runtime produces it (see :class:`OutputSlot`)."""
+    # several inputs can share one storage (views of one tensor: ``seq[:, :-1]``, ``seq[:, 1:]``);
+    # a view is rebuilt from any of them (``as_strided`` takes the absolute storage offset), but an
+    # input returned as it is must be that input itself
     input_storage = {storage_of(n.meta["val"]): i for i, n in enumerate(placeholders)}
+    input_index = {n: i for i, n in enumerate(placeholders)}
     first_owner: dict[Any, torch.fx.Node] = {}
     for n in gm.graph.nodes:
         st = storage_of(n.meta.get("val"))
@@ -68,9 +72,8 @@ def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
         owner = first_owner.get(st)
         view = dict(size=tuple(val.shape), stride=tuple(val.stride()), offset=int(val.storage_offset()))
         if st in input_storage:
-            i = input_storage[st]
-            plan.slots.append(OutputSlot("input", index=i) if o.op == "placeholder"
-                              else OutputSlot("view", base=("input", i), **view))
+            plan.slots.append(OutputSlot("input", index=input_index[o]) if o.op == "placeholder"
+                              else OutputSlot("view", base=("input", input_storage[st]), **view))
         elif o in host_index:
             plan.slots.append(OutputSlot("host", index=host_index[o]))
         elif owner is not None and owner is not o and owner.op != "placeholder":

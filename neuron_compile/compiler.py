@@ -26,6 +26,7 @@ from neuron_compile.codegen import CodegenPlan, plan_codegen
 from neuron_compile.codegen.strategy import parse_overrides
 from neuron_compile.config import Config
 from neuron_compile.debug import Dumper
+from neuron_compile.errors import UnsupportedOpsError
 from neuron_compile.executable import LLVM_MLIR, NATIVE, Build
 from neuron_compile.kernel_runtime import entry_source
 from neuron_compile.plan import CallPlan
@@ -193,7 +194,11 @@ def compile_graph(gm: torch.fx.GraphModule, config: Config | None = None, kind: 
     """
     from neuron_compile.lowering.emit import static_spec, graph_input_specs
     from neuron_compile.passes.host_calls import host_call_nodes, opaque_inputs
+    from neuron_compile.passes.verify_lowerable import control_flow_ops
     config = config or Config()
+    control_flow = control_flow_ops(gm)
+    if control_flow:
+        raise UnsupportedOpsError(control_flow, f"the {kind} graph")
     host_nodes, fallbacks = host_call_nodes(gm, fallback=config.fallback == "eager")
     opaque = opaque_inputs(gm)
     as_program = bool(host_nodes or opaque)

@@ -17,6 +17,22 @@ def graph_outputs(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     return set(next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes)
 
 
+def returned_storages(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The nodes whose storage the graph returns: each output and, through ATen view ops (an
+    ``OpOverload`` whose schema says it aliases its input), the node it is a view of."""
+    seen: set[torch.fx.Node] = set()
+    stack = list(graph_outputs(gm))
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "call_function" and getattr(n.target, "is_view", False) and n.args \
+                and isinstance(n.args[0], torch.fx.Node):
+            stack.append(n.args[0])
+    return seen
+
+
 def replace_node(gm: torch.fx.GraphModule, old: torch.fx.Node, new: torch.fx.Node) -> None:
     """Point every user of ``old`` at ``new`` and erase ``old``."""
     old.replace_all_uses_with(new)

@@ -1,6 +1,8 @@
 """``cse``: common-subexpression elimination of pure nodes (same target, same arguments).
 
-Random ops are never merged: two dropouts draw two masks.
+Random ops are never merged: two dropouts draw two masks. Two nodes whose storages the graph both
+returns are never merged either: ``b = a * 2; c = a * 2; return b, c`` gives two tensors in eager,
+and a caller's ``b.add_(1)`` must not change ``c``.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import torch
 
-from neuron_compile.passes.analysis import replace_node
+from neuron_compile.passes.analysis import replace_node, returned_storages
 
 
 def _key(a: Any) -> Any:
@@ -30,6 +32,7 @@ class CommonSubexpressionElimination:
 
     def run(self, gm: torch.fx.GraphModule) -> bool:
         seen: dict[Any, torch.fx.Node] = {}
+        returned = returned_storages(gm)
         changed = False
         for n in list(gm.graph.nodes):
             if n.op != "call_function" or n.is_impure() or \
@@ -40,6 +43,8 @@ class CommonSubexpressionElimination:
                 hash(key)
             except TypeError:
                 continue
+            if key in seen and n in returned and seen[key] in returned:
+                continue  # two outputs (or views of two outputs) stay two storages
             if key in seen:
                 replace_node(gm, n, seen[key])
                 changed = True

@@ -29,6 +29,34 @@ def unsupported_ops(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
     return missing
 
 
+def control_flow_ops(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
+    """The structured control flow in ``gm`` (``torch.cond``, ``while_loop``, ``scan`` and the other
+    higher-order ops whose branches or bodies are subgraphs): neither lowered nor decomposed yet, so
+    compilation refuses them with one :class:`~neuron_compile.errors.UnsupportedOpsError` (before,
+    the cache key read the branch's subgraph as a tensor and crashed with an ``AttributeError``)."""
+    from neuron_compile.lowering.locations import user_location
+    return [UnsupportedOp(f"higher_order.{n.target.name()}", n.name,
+                          user_location(n), "",
+                          "structured control flow is not compiled yet: for torch.cond compute both branches and pick "
+                          "with torch.where, or run this part outside the compiled function")
+            for n in gm.graph.nodes if _takes_subgraph(gm, n)]
+
+
+def _is_subgraph(gm: torch.fx.GraphModule, a: object) -> bool:
+    return isinstance(a, torch.fx.Node) and a.op == "get_attr" and \
+        isinstance(getattr(gm, str(a.target), None), torch.nn.Module)
+
+
+def _takes_subgraph(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
+    """A higher-order op with a branch or body (a ``get_attr`` of a submodule) among its arguments;
+    ``with_effects`` (an effect token around an ATen op) has none and is handled by the host checks."""
+    if n.op != "call_function" or not isinstance(n.target, torch._ops.HigherOrderOperator):
+        return False
+    found: list[bool] = []
+    torch.fx.node.map_arg((n.args, n.kwargs), lambda a: found.append(_is_subgraph(gm, a)) or a)
+    return any(found)
+
+
 @dataclass(frozen=True)
 class VerifyLowerable:
     name: str = "verify-lowerable"

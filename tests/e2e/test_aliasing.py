@@ -1,0 +1,131 @@
+"""Aliasing between inputs and outputs as eager has it (issue 40): inputs that are views of one
+tensor, an out-of-place scatter whose ``self`` is also an output, identical outputs, structured
+control flow refused with a typed error. Each test compares with eager (float64 where values matter)
+and failed on 5777d20."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_compile.errors import UnsupportedOpsError
+from tests.conftest import neuron_compile
+
+
+def _grad_of(fn, w0, *inputs):
+    w = w0.clone().requires_grad_(True)
+    fn(w, *inputs).backward()
+    return w.grad
+
+
+def test_inputs_that_are_shifted_views_of_one_tensor_get_eager_gradients():
+    """The backward reads the saved ``x`` and ``y``; both are graph inputs sharing one storage, and
+    the forward returned the second as the first (the output plan looked inputs up by storage)."""
+    base = torch.arange(12.0, dtype=torch.float64).reshape(2, 6)
+    w0 = torch.randn(2, 5, dtype=torch.float64)
+
+    def f(w, x, y):
+        return (w * x).sum() + (w.sin() * y * 3).sum()
+
+    expected = _grad_of(f, w0, base[:, :-1], base[:, 1:])
+    got = _grad_of(neuron_compile(f), w0, base[:, :-1], base[:, 1:])
+    torch.testing.assert_close(got, expected)
+
+
+def test_unbind_pieces_as_inputs_keep_their_own_values_in_the_backward():
+    qkv = torch.randn(3, 4, 4, dtype=torch.float64)
+    w0 = torch.randn(4, 4, dtype=torch.float64)
+
+    def f(w, q, k, v):
+        return ((w @ q) * k.cos() + v.exp() * w).sum()
+
+    expected = _grad_of(f, w0, *qkv.unbind(0))
+    got = _grad_of(neuron_compile(f), w0, *qkv.unbind(0))
+    torch.testing.assert_close(got, expected)
+
+
+def test_an_input_returned_as_it_is_is_that_input():
+    base = torch.randn(2, 6)
+    x, y = base[:, :-1], base[:, 1:]
+    out = neuron_compile(lambda x, y: (x + y, y, x))(x, y)
+    assert out[1] is y or (out[1].data_ptr() == y.data_ptr() and out[1].stride() == y.stride())
+    assert out[2].data_ptr() == x.data_ptr()
+    torch.testing.assert_close(out[0], x + y)
+
+
+@pytest.mark.parametrize("op", ["scatter_add", "scatter", "scatter_reduce", "index_add", "slice_scatter",
+                                "select_scatter", "index_reduce"])
+def test_a_scatter_whose_self_is_also_returned_leaves_self_unchanged(op):
+    idx = torch.tensor([[0, 1, 2], [3, 0, 1]])
+    src = torch.randn(2, 3)
+    calls = {
+        "scatter_add": lambda b: b.scatter_add(0, idx, src),
+        "scatter": lambda b: b.scatter(0, idx, src),
+        "scatter_reduce": lambda b: b.scatter_reduce(0, idx, src, "amax"),
+        "index_add": lambda b: b.index_add(0, torch.tensor([1, 3]), src),
+        "slice_scatter": lambda b: b.slice_scatter(src, 0, 1, 3),
+        "select_scatter": lambda b: b.select_scatter(src[0], 0, 2),
+        "index_reduce": lambda b: b.index_reduce(0, torch.tensor([1, 3]), src, "amax"),
+    }
+
+    def f(x):
+        b = x * 2
+        return calls[op](b), b
+
+    x = torch.randn(4, 3)
+    expected = f(x)
+    got = neuron_compile(f)(x)
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(got[1], expected[1])
+
+
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+def test_index_reduce_gradient_through_a_saved_self(reduce):
+    x0 = torch.randn(5, 3, dtype=torch.float64)
+    src = torch.randn(4, 3, dtype=torch.float64)
+    index = torch.tensor([0, 2, 2, 4])
+
+    def f(x):
+        b = x * 2
+        return (b.index_reduce(0, index, src, reduce) * b).sum()
+
+    torch.testing.assert_close(_grad_of(neuron_compile(f), x0), _grad_of(f, x0))
+
+
+def test_identical_computations_stay_two_tensors():
+    def f(a):
+        b = a * 2
+        c = a * 2
+        return b, c, b.reshape(-1), (a + 1).reshape(-1), (a + 1).reshape(-1)
+
+    a = torch.randn(3, 2)
+    b, c, b_flat, d, e = neuron_compile(f)(a)
+    assert b.untyped_storage().data_ptr() != c.untyped_storage().data_ptr()
+    assert d.untyped_storage().data_ptr() != e.untyped_storage().data_ptr()
+    assert b_flat.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # a view, as in eager
+    b.add_(1)
+    torch.testing.assert_close(c, a * 2)
+    torch.testing.assert_close(b_flat, (a * 2 + 1).reshape(-1))
+
+
+def test_torch_cond_is_refused_with_a_typed_error():
+    def f(x):
+        return torch.cond(x.sum() > 0, lambda x: x.sin(), lambda x: x.cos(), (x,))
+
+    with pytest.raises(Exception) as info:
+        neuron_compile(f)(torch.randn(4))
+    inner = getattr(info.value, "inner_exception", info.value)
+    assert isinstance(inner, UnsupportedOpsError), repr(info.value)
+    assert "higher_order.cond" in str(inner) and "test_aliasing.py" in str(inner)
+
+
+def test_while_loop_is_refused_with_a_typed_error():
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def f(x):
+        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (torch.tensor(0), x))
+
+    with pytest.raises(Exception) as info:
+        neuron_compile(f)(torch.randn(3))
+    inner = getattr(info.value, "inner_exception", info.value)
+    assert isinstance(inner, UnsupportedOpsError), repr(info.value)
+    assert "higher_order.while_loop" in str(inner)
