@@ -184,6 +184,36 @@ class ScalarBuilder:
     def minimum(self, a: Scalar, b: Scalar) -> Scalar:
         return self._bin("arith.minimumf", "arith.minsi", a, b, uop="arith.minui")
 
+    def max_keep_first(self, a: Scalar, b: Scalar) -> Scalar:
+        """``torch.maximum``, ``clamp_min`` and ``relu`` as ATen's CPU kernels give them: ``b`` where
+        ``a < b`` or ``b`` is NaN, else ``a`` (NaN in ``a`` propagates). A tie of -0.0 and +0.0 keeps
+        ``a``, as ``std::max`` in ATen's clamp and scalar loops does: ``relu(-0.0)`` is -0.0, where
+        ``arith.maximumf`` orders -0 < +0 and returned +0.0. (ATen's vectorized ``maximum`` loop
+        returns ``b`` on such a tie, so eager itself differs by size there; clamp and relu do not.)"""
+        if not a.dtype.is_floating_point:
+            return self.maximum(a, b)
+        return self.select(self.logical_or(self.cmp("lt", a, b), self.isnan(b)), b, a)
+
+    def min_keep_first(self, a: Scalar, b: Scalar) -> Scalar:
+        """``torch.minimum`` and ``clamp_max`` as :meth:`max_keep_first`: ``b`` where ``b < a`` or
+        ``b`` is NaN, else ``a``."""
+        if not a.dtype.is_floating_point:
+            return self.minimum(a, b)
+        return self.select(self.logical_or(self.cmp("lt", b, a), self.isnan(b)), b, a)
+
+    def domain_nan(self, r: Scalar, outside: Scalar, negative: bool) -> Scalar:
+        """``r`` with its sign bit set (``negative``) or cleared where ``outside`` holds (where ``r`` is
+        the NaN an argument outside the op's domain gives), as eager's kernels return that NaN. Done
+        with ``math.copysign``, which LLVM defines bit for bit even on a NaN; a ``select`` of a NaN
+        constant (on floats or on their bits) was folded away, since LLVM takes every NaN an op
+        produces as interchangeable."""
+        signed = self._bin("math.copysign", None, r, self.const(-1.0 if negative else 1.0, r.dtype))
+        return self.select(outside, signed, r)
+
+    def fresh_nan(self, r: Scalar, x: Scalar) -> Scalar:
+        """True where ``r`` is a NaN that its argument ``x`` did not carry in."""
+        return self.logical_and(self.isnan(r), self.logical_not(self.isnan(x)))
+
     def clamp_const(self, a: Scalar, lo: float, hi: float) -> Scalar:
         """``a`` clamped to the constants [lo, hi] with NaN passed through, for the range
         reduction of inline math: ``select(a < lo, lo, a)`` is one ``vmaxps`` (x86 returns the

@@ -150,12 +150,12 @@ def lower_hypot(ctx: LoweringContext, a, b) -> TensorValue:
 
 @register_lowering(aten.maximum.default)
 def lower_maximum(ctx: LoweringContext, a, b) -> TensorValue:
-    return _pointwise(ctx, lambda s, x, y: s.maximum(x, y), a, b)
+    return _pointwise(ctx, lambda s, x, y: s.max_keep_first(x, y), a, b)
 
 
 @register_lowering(aten.minimum.default)
 def lower_minimum(ctx: LoweringContext, a, b) -> TensorValue:
-    return _pointwise(ctx, lambda s, x, y: s.minimum(x, y), a, b)
+    return _pointwise(ctx, lambda s, x, y: s.min_keep_first(x, y), a, b)
 
 
 def _pow_scalar_exponent(s, x, e):
@@ -266,21 +266,21 @@ def lower_clamp(ctx: LoweringContext, a, min=None, max=None) -> TensorValue:  # 
     def fn(s, x, *bounds):
         it = iter(bounds)
         if min is not None:
-            x = s.maximum(x, next(it))
+            x = s.max_keep_first(x, next(it))
         if max is not None:
-            x = s.minimum(x, next(it))
+            x = s.min_keep_first(x, next(it))
         return x
     return _pointwise(ctx, fn, *operands)
 
 
 @register_lowering(aten.clamp_min.default)
 def lower_clamp_min(ctx: LoweringContext, a, m) -> TensorValue:
-    return _pointwise(ctx, lambda s, x, y: s.maximum(x, y), a, m)
+    return _pointwise(ctx, lambda s, x, y: s.max_keep_first(x, y), a, m)
 
 
 @register_lowering(aten.clamp_max.default)
 def lower_clamp_max(ctx: LoweringContext, a, m) -> TensorValue:
-    return _pointwise(ctx, lambda s, x, y: s.minimum(x, y), a, m)
+    return _pointwise(ctx, lambda s, x, y: s.min_keep_first(x, y), a, m)
 
 
 # -- unary math -------------------------------------------------------------------------------------
@@ -297,6 +297,20 @@ _UNARY_MATH = {
 }
 
 
+# The sign bit of the NaN eager returns for an argument outside the op's domain (``sqrt(-1)``,
+# ``acos(2)``, ``log1p(-3)``), per output dtype: True is a set sign bit. Measured on torch 2.13 and
+# 2.14's CPU kernels (tests/e2e/test_ieee_details.py compares with eager); MLIR's math ops give the x86
+# default NaN (sign set) or libm's (sign clear), which differ from these for the ops listed. float16
+# and bfloat16 are computed in float32 and truncated, and LLVM keeps no NaN's sign through that.
+_DOMAIN_NAN_NEGATIVE: dict[str, dict[torch.dtype, bool]] = {
+    "math.sqrt": {torch.float32: False, torch.float64: False},
+    "math.log2": {torch.float32: False, torch.float64: False},
+    "math.acos": {torch.float32: True, torch.float64: True},
+    "math.asin": {torch.float32: True, torch.float64: True},
+    "math.log1p": {torch.float32: True, torch.float64: False},
+}
+
+
 def _unary(opname: str):
     def rule(ctx: LoweringContext, a) -> TensorValue:
         _, dtype = ctx.out_spec()
@@ -304,8 +318,17 @@ def _unary(opname: str):
             return _pointwise(ctx, lambda s, x: x, a)
         if opname in ("math.exp", "math.erf", "math.log", "math.tanh", "math.log1p", "math.expm1"):
             # accurate or inline (vectorizable) forms in the builder
-            return _pointwise(ctx, lambda s, x: getattr(s, opname[5:])(x), a)
-        return _pointwise(ctx, lambda s, x: s.unary(opname, x), a)
+            compute = lambda s, x: getattr(s, opname[5:])(x)  # noqa: E731
+        else:
+            compute = lambda s, x: s.unary(opname, x)  # noqa: E731
+        negative = _DOMAIN_NAN_NEGATIVE.get(opname, {}).get(dtype)
+        if negative is None:
+            return _pointwise(ctx, compute, a)
+
+        def with_eager_nan(s, x):
+            r = compute(s, x)
+            return s.domain_nan(r, s.fresh_nan(r, x), negative)
+        return _pointwise(ctx, with_eager_nan, a)
     rule.__name__ = f"lower_{opname.split('.')[1]}"
     return rule
 
@@ -336,7 +359,7 @@ def lower_sigmoid(ctx: LoweringContext, a) -> TensorValue:
 
 @register_lowering(aten.relu.default)
 def lower_relu(ctx: LoweringContext, a) -> TensorValue:
-    return _pointwise(ctx, lambda s, x: s.maximum(x, s.const(0, x.dtype)), a)
+    return _pointwise(ctx, lambda s, x: s.max_keep_first(x, s.const(0, x.dtype)), a)
 
 
 @register_lowering(aten.sign.default)
