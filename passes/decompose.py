@@ -121,6 +121,35 @@ def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
     return y.to(out_dtype)
 
 
+def _sdpa_scores(query, key, is_causal, attn_mask, s):
+    """``q kᵀ · s`` with the causal (top-left aligned, as ATen's) and the given mask applied: -inf
+    where masked out. ``key`` has as many heads as ``query``."""
+    scores = (query @ key.transpose(-2, -1)) * s
+    if is_causal:
+        causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask
+    return scores
+
+
+def _sdpa_flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """``(output, logsumexp)`` of the CPU FlashAttention forward. torch's own decomposition (2.13 and
+    2.14) returns the attention weights ``(N, H, L, S)`` as its second result, not the row
+    logsumexp ``(N, H, L)`` (found by 2.14's new OpInfo entry for this op); the output is torch's."""
+    from torch._decomp.decompositions import scaled_dot_product_flash_attention_for_cpu
+    if query.shape[1] % key.shape[1]:
+        return NotImplemented
+    output, _ = scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
+                                                           attn_mask=attn_mask, scale=scale)
+    groups = query.shape[1] // key.shape[1]
+    key = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    s = scale if scale is not None else 1.0 / query.shape[-1] ** 0.5
+    lse = torch.logsumexp(_sdpa_scores(query.float(), key.float(), is_causal, attn_mask, s), -1)
+    return output, lse.to(query.dtype) if query.dtype == torch.float64 else lse
+
+
 def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
                              attn_mask=None, scale=None):
     """Gradients of scaled dot-product attention from the saved output, as matmuls and pointwise ops
@@ -133,13 +162,7 @@ def _sdpa_flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropou
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     s = scale if scale is not None else 1.0 / query.shape[-1] ** 0.5
-    scores = (query @ key.transpose(-2, -1)) * s
-    if is_causal:
-        causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else scores + attn_mask
+    scores = _sdpa_scores(query, key, is_causal, attn_mask, s)
     # the softmax is recomputed from the scores rather than from the saved `logsumexp`, whose layout
     # differs between the fused kernel and its decomposition; a fully masked row (all -inf) has
     # P = 0, as in the forward (`_safe_softmax`) and ATen's kernel, not NaN (exp(-inf - -inf))
@@ -437,6 +460,8 @@ OURS: dict[object, tuple[Callable, str]] = present({
     aten.replication_pad3d_backward.default: (separable.replication_pad_backward(3), "one-hot clamp matrix, transposed"),
     aten._softmax.default: (_softmax, "amax, sub, exp, sum, then times 1/sum along the last dim as ATen's CPU kernel"),
     aten.native_dropout.default: (_native_dropout, "mask from host bernoulli, matching eager's RNG stream"),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: (
+        _sdpa_flash_cpu, "torch's decomposition for the output; the row logsumexp of the masked scores"),
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
         _sdpa_flash_cpu_backward, "FlashAttention backward as matmuls (the forward is in the core table)"),
     aten.erfinv.default: (erf_family.erfinv, "ATen calc_erfinv's start + 3 Newton steps (erfc residual), float64"),
