@@ -3,7 +3,9 @@
 An output that shares storage with a graph input is a view of it; one that shares storage with an
 earlier computed node (its *owner*) is a view of that node's buffer: both are rebuilt by the
 runtime with ``as_strided`` (AOTAutograd's aliasing contract) and not computed by the kernel.
-Every other output is a kernel output, written with eager's strides when those are dense.
+Every other output is a kernel output, written with eager's strides when those are dense. A view of
+a node whose eager strides are not dense (a ``select_scatter`` into a strided input) is a kernel
+output of its own: that node's buffer is written dense, so eager's view strides do not fit it.
 """
 from __future__ import annotations
 
@@ -76,7 +78,8 @@ def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
                               else OutputSlot("view", base=("input", input_storage[st]), **view))
         elif o in host_index:
             plan.slots.append(OutputSlot("host", index=host_index[o]))
-        elif owner is not None and owner is not o and owner.op != "placeholder":
+        elif owner is not None and owner is not o and owner.op != "placeholder" and \
+                (owner in host_index or _dense(owner.meta["val"])):
             base = ("host", host_index[owner]) if owner in host_index else ("kernel", kernel_output(owner))
             plan.slots.append(OutputSlot("view", base=base, **view))
         else:

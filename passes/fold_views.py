@@ -5,7 +5,8 @@
   to the identity (``x.t().t()``), or to one permute otherwise.
 
 A node that is a graph output is kept when folding would make the output alias an input that it
-did not alias before (AOTAutograd's output-aliasing contract).
+did not alias before (AOTAutograd's output-aliasing contract), or make it the very tensor another
+output is (``return v.view(2, 3), v``: two tensor objects sharing storage in eager).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_compile.passes.analysis import graph_outputs, replace_node
+from neuron_compile.passes.analysis import graph_outputs, replace_node, returned_storages
 
 from neuron_compile.passes.dce import eliminate_dead_code
 
@@ -51,6 +52,7 @@ class FoldViews:
 
     def run(self, gm: torch.fx.GraphModule) -> bool:
         outputs = graph_outputs(gm)
+        returned = returned_storages(gm)
         changed = False
         for n in list(gm.graph.nodes):
             if n.op != "call_function" or not n.args or not isinstance(n.args[0], torch.fx.Node) \
@@ -76,7 +78,7 @@ class FoldViews:
                     replacement.meta.update(n.meta)
             if replacement is None:
                 continue
-            if n in outputs and replacement.op == "placeholder":
+            if n in outputs and (replacement.op == "placeholder" or replacement in returned):
                 continue
             replace_node(gm, n, replacement)
             changed = True

@@ -59,7 +59,13 @@ class FoldTransposeIntoMatmul:
             fake_mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
             if fake_mode is not None:
                 with fake_mode:
-                    new.meta["val"] = torch.ops.neuron.matmul.default(*vals)
+                    val = torch.ops.neuron.matmul.default(*vals)
+                old = n.meta.get("val")
+                # the old value, when it fits, keeps its storage: views of it among the graph's
+                # outputs must still be seen as views of the matmul (lowering/outputs.py)
+                if not (isinstance(old, torch.Tensor) and old.shape == val.shape and old.dtype == val.dtype
+                        and old.stride() == val.stride()):
+                    new.meta["val"] = val
             replace_node(gm, n, new)
             changed = True
         if changed:
