@@ -48,12 +48,21 @@ DTYPE_LIMITED = frozenset(
     + [torch.i0, torch.special.i0, torch.erfinv, torch.special.erfinv, aten.i0.default, aten.erfinv.default,
        F.avg_pool3d, aten.avg_pool3d.default, F.interpolate,
        aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default])
-PROBED = PROBED | DTYPE_LIMITED
+# Bounds that the dtype cannot hold (float32 ``clamp(min=-3.4e39)``: "value cannot be converted to
+# type float without overflow"), and an ``index_put`` whose values' dtype differs from the
+# destination's ("Index put requires the source and destination dtypes match"; ``t[i] = v`` casts
+# ``v`` first and never reaches it). index_put is probed as Dynamo records it only: an ATen graph's
+# index_put may come from a decomposition, not from the user.
+BOUNDED = frozenset({torch.clamp, torch.clip, torch.clamp_min, torch.clamp_max, aten.clamp.default,
+                     aten.clamp_min.default, aten.clamp_max.default})
+PROBED = PROBED | DTYPE_LIMITED | BOUNDED | {torch.index_put}
 # probed at the real shapes (their checks also compare sizes with the kernel and output sizes)
 SHAPED = frozenset({F.avg_pool3d, aten.avg_pool3d.default, F.interpolate, aten._upsample_bilinear2d_aa.default,
                     aten._upsample_bicubic2d_aa.default})
 PROBED_METHODS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
-                            "__matmul__", "softmax", "log_softmax", "i0", "erfinv"})
+                            "__matmul__", "softmax", "log_softmax", "i0", "erfinv", "clamp", "clamp_", "clip",
+                            "clip_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "index_put",
+                            "index_put_"})
 # Fills whose value must fit the dtype (uint8 300, float16 1e5). Probed on 2 elements: ATen's
 # one-element fill path skips the overflow check for float16/bfloat16.
 FILLS = frozenset({aten.fill.Scalar, aten.masked_fill.Scalar, torch.full, torch.full_like, torch.fill,
@@ -78,9 +87,17 @@ PADS = {F.pad: _pad_fill, torch._C._nn.pad: _pad_fill, aten.pad.default: _pad_fi
         torch.constant_pad_nd: _constant_pad_fill, aten.constant_pad_nd.default: _constant_pad_fill}
 FILLS = FILLS | frozenset(PADS)
 # Targets whose probe is not the op itself on the probe tensors: sizes become (2,)
+def _index_put(t: torch.Tensor, indices: object, values: torch.Tensor, accumulate: bool = False) -> None:
+    """``index_put`` on the probe tensors with every index 0 (the probe's dims are 1 long), so
+    only its dtype check can fire."""
+    zeros = [torch.zeros_like(i) if isinstance(i, torch.Tensor) else i for i in indices]
+    t.index_put(zeros, values, accumulate)
+
+
 PROBE_WITH = {
     torch.full: lambda size, value, *a, **k: torch.full((2,), value, *a, **k),
     "new_full": lambda t, size, value, *a, **k: t.new_full((2,), value, *a, **k),
+    torch.index_put: _index_put, "index_put": _index_put, "index_put_": _index_put,
     **PADS,
 }
 
@@ -117,7 +134,7 @@ def check_arguments(gm: torch.fx.GraphModule) -> None:
             continue  # an argument without a recorded value: nothing to probe with
         with unset_fake_temporarily():
             try:
-                if n.target in PROBE_WITH:
+                if n.target in PROBE_WITH:  # (a method's name, or a function)
                     PROBE_WITH[n.target](*args, **kwargs)
                 elif method:
                     getattr(args[0], n.target)(*args[1:], **kwargs)

@@ -27,7 +27,16 @@ _UPCAST = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 def _pointwise(ctx: LoweringContext, fn, *operands, compute=None) -> TensorValue:
+    """``fn`` elementwise in ``compute`` (default: the output dtype, float16/bfloat16 upcast to float32).
+
+    A float16/bfloat16 result takes its tensor operands of another dtype rounded to that dtype first,
+    as ATen's TensorIterator casts every input to the common dtype before its kernel upcasts: float16
+    ``fmod(x, torch.tensor(1.3))`` divides by float16(1.3); in float32 the float32 1.3 put results a
+    whole divisor off where ``x`` is a multiple of float16(1.3)."""
     shape, dtype = ctx.out_spec()
+    if dtype in _UPCAST:
+        operands = tuple(ctx.cast(o, dtype) if isinstance(o, (TensorValue, LazyTensor)) and o.dtype != dtype
+                         else o for o in operands)
     compute = compute or dtype
     return ctx.elementwise(fn, operands, shape, dtype, compute_dtype=_UPCAST.get(compute, compute))
 
@@ -92,14 +101,25 @@ def lower_div_mode(ctx: LoweringContext, a, b, *, rounding_mode=None) -> TensorV
     raise ctx.fail(f"unknown rounding_mode {rounding_mode!r}")
 
 
+def _scalar_in_dtype(ctx: LoweringContext, b):
+    """A Python number operand rounded to the output's dtype first, as eager's fmod and remainder
+    kernels take it (float16 ``fmod(x, 1.3)`` divides by float16(1.3) = 1.2998..., computed in
+    float32 the float32 1.3 gave results up to 2.3e-3 off)."""
+    _, dtype = ctx.out_spec()
+    if isinstance(b, float) and dtype in (torch.float16, torch.bfloat16):
+        return torch.tensor(b, dtype=dtype).item()
+    return b
+
+
 @register_lowering(aten.remainder.Tensor, aten.remainder.Scalar)
 def lower_remainder(ctx: LoweringContext, a, b) -> TensorValue:
-    return _pointwise(ctx, lambda s, x, y: s.rem(x, y), a, b)
+    return _pointwise(ctx, lambda s, x, y: s.rem(x, y), a, _scalar_in_dtype(ctx, b))
 
 
 @register_lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 def lower_fmod(ctx: LoweringContext, a, b) -> TensorValue:
     """C ``fmod``: the result has the sign of the dividend (``arith.remf`` / ``arith.remsi``)."""
+    b = _scalar_in_dtype(ctx, b)
     def fn(s, x, y):
         if x.dtype.is_floating_point:
             return s._bin("arith.remf", None, x, y)

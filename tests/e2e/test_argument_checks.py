@@ -29,6 +29,14 @@ CASES = {
     # floating-only kernels given integers
     "softmax of int64": (lambda x: torch.softmax(x, -1), lambda: (torch.arange(6).reshape(2, 3),)),
     "log_softmax method of int64": (lambda x: x.log_softmax(0), lambda: (torch.arange(6).reshape(2, 3),)),
+    # a clamp bound the dtype cannot hold; index_put values of another dtype (issue 40, item 6)
+    "clamp float32 min -3.4e39": (lambda x: torch.clamp(x, min=-3.4e39), lambda: (_t(3),)),
+    "clamp method max 1e39": (lambda x: (x * 2).clamp(max=1e39), lambda: (_t(3),)),
+    "clamp_min float16 1e5": (lambda x: torch.clamp_min(x, 1e5), lambda: (_t(3, dtype=torch.float16),)),
+    "index_put float64 into float32": (lambda t, i, v: t.index_put((i,), v),
+                                       lambda: (torch.zeros(4), torch.tensor([0, 2]), _t(2, dtype=f64))),
+    "index_put_ float64 into a float32 clone": (lambda t, i, v: t.clone().index_put_((i,), v, accumulate=True),
+                                                lambda: (torch.zeros(4), torch.tensor([0, 2]), _t(2, dtype=f64))),
     # a fill value the dtype cannot hold (arithmetic with such a scalar wraps, as in eager)
     "fill_ uint8 with 300": (lambda x: x.clone().fill_(300), lambda: (torch.tensor([1, 2], dtype=torch.uint8),)),
     "full uint8 with 300": (lambda x: x + torch.full((2,), 300, dtype=torch.uint8),

@@ -51,3 +51,16 @@ def test_nan_sign_of_an_out_of_domain_argument_as_eager(name, fn, dtype):
     expected, got = fn(y), neuron_compile(fn)(y)
     assert expected.isnan().all() and got.isnan().all()
     assert torch.equal(torch.signbit(got), torch.signbit(expected)), (name, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name,fn", [("fmod", lambda v: torch.fmod(v, 1.3)),
+                                     ("remainder", lambda v: torch.remainder(v, 1.3)),
+                                     ("mod", lambda v: v % 0.7),
+                                     ("fmod_0d", lambda v: torch.fmod(v, torch.tensor(1.3))),
+                                     ("add_0d", lambda v: v + torch.tensor(1e-3))])
+def test_reduced_precision_takes_its_other_operand_rounded_first(name, fn, dtype):
+    """Eager rounds a Python float (and a 0-d float32 tensor) to the float16/bfloat16 common dtype
+    before its kernel computes in float32; the compiled call rounds it the same way."""
+    h = (torch.linspace(-20, 20, 1001, dtype=torch.float64) * 1.3).to(dtype)
+    torch.testing.assert_close(neuron_compile(fn)(h), fn(h), rtol=0, atol=0)
