@@ -123,24 +123,64 @@ def check_arguments(gm: torch.fx.GraphModule) -> None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from neuron_compile.lowering.locations import user_location
-    for n in gm.graph.nodes:
-        method = n.op == "call_method" and n.target in PROBED_METHODS | FILL_METHODS
-        if not method and (n.op != "call_function" or n.target not in PROBED | FILLS):
-            continue
-        fill = n.target in FILL_METHODS | FILLS
-        shaped = n.target in SHAPED
-        args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: _probe(a, fill, shaped))
-        if any(isinstance(a, torch.fx.Node) for a in (*args, *kwargs.values())):
-            continue  # an argument without a recorded value: nothing to probe with
-        with unset_fake_temporarily():
-            try:
-                if n.target in PROBE_WITH:  # (a method's name, or a function)
-                    PROBE_WITH[n.target](*args, **kwargs)
-                elif method:
-                    getattr(args[0], n.target)(*args[1:], **kwargs)
-                else:
-                    n.target(*args, **kwargs)
-            except (RuntimeError, TypeError) as exc:
-                op = n.target if method else getattr(n.target, "__name__", str(n.target))
-                raise ArgumentCheckError(f"{exc}\n  (eager raises this too: {op}, FX node '{n.name}', at "
-                                         f"{user_location(n)}; eager rejects these arguments' dtypes or values)") from None
+    with unset_fake_temporarily():
+        regions = _AutocastRegions()
+        try:
+            for n in gm.graph.nodes:
+                if not regions.follow(n):
+                    _check_node(n, user_location)
+        finally:
+            regions.close()
+
+
+class _AutocastRegions:
+    """The autocast state of Dynamo's graph replayed while probing: inside ``torch.autocast(bfloat16)``
+    eager casts a float32 and a bfloat16 matmul operand to one dtype, so probing ``y @ w`` outside
+    that region raised where eager does not. ``_enter_autocast``/``_exit_autocast`` nodes (Dynamo's
+    record of a ``with torch.autocast``) enter and leave the same state; an ATen graph has none."""
+
+    def __init__(self):
+        self.modes: dict[torch.fx.Node, object] = {}
+
+    def follow(self, n: torch.fx.Node) -> bool:
+        """Enter or leave a region for an autocast node (True), else nothing (False)."""
+        from torch.amp import autocast_mode
+        if n.op != "call_function":
+            return False
+        if n.target is autocast_mode._enter_autocast:
+            self.modes[n] = autocast_mode._UnmanagedAutocast(*n.args, **n.kwargs)
+            self.modes[n].__enter__()
+            return True
+        if n.target is autocast_mode._exit_autocast and n.args and n.args[0] in self.modes:
+            self.modes.pop(n.args[0]).__exit__(None, None, None)
+            return True
+        return False
+
+    def close(self) -> None:
+        """Leave the regions still open (a graph that ends inside one, or a probe that raised)."""
+        for mode in reversed(list(self.modes.values())):
+            mode.__exit__(None, None, None)
+        self.modes.clear()
+
+
+def _check_node(n: torch.fx.Node, user_location) -> None:
+    """Probe one node of :func:`check_arguments` (under the caller's autocast state)."""
+    method = n.op == "call_method" and n.target in PROBED_METHODS | FILL_METHODS
+    if not method and (n.op != "call_function" or n.target not in PROBED | FILLS):
+        return
+    fill = n.target in FILL_METHODS | FILLS
+    shaped = n.target in SHAPED
+    args, kwargs = torch.fx.node.map_aggregate((n.args, n.kwargs), lambda a: _probe(a, fill, shaped))
+    if any(isinstance(a, torch.fx.Node) for a in (*args, *kwargs.values())):
+        return  # an argument without a recorded value: nothing to probe with
+    try:
+        if n.target in PROBE_WITH:  # (a method's name, or a function)
+            PROBE_WITH[n.target](*args, **kwargs)
+        elif method:
+            getattr(args[0], n.target)(*args[1:], **kwargs)
+        else:
+            n.target(*args, **kwargs)
+    except (RuntimeError, TypeError) as exc:
+        op = n.target if method else getattr(n.target, "__name__", str(n.target))
+        raise ArgumentCheckError(f"{exc}\n  (eager raises this too: {op}, FX node '{n.name}', at "
+                                 f"{user_location(n)}; eager rejects these arguments' dtypes or values)") from None

@@ -118,3 +118,32 @@ def test_outputs_are_allocated_on_the_cpu_whatever_the_default_device():
         torch.set_default_device(None)
     assert out.device.type == "cpu" and torch.equal(out, want)
     torch.testing.assert_close(out, torch.sigmoid(x.double()).float() * 2)
+
+
+def test_a_matmul_of_mixed_dtypes_inside_autocast_compiles():
+    """Inside ``torch.autocast(bfloat16)`` eager casts a bfloat16 and a float32 matmul operand to one
+    dtype: the probe replays the graph's autocast regions (it raised "expected m1 and m2 to have the
+    same dtype" here). Forward against eager; the weight gradient against aot_eager (AOTAutograd's
+    backward of an autocast region differs from eager's by bfloat16 rounding for every backend)."""
+    x, w0 = _t(8, 16), _t(16, 16)
+
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.relu(x @ w)
+            with torch.autocast("cpu", enabled=False):
+                z = (y * w[0]).sum() + (x @ w).sum()
+            return z + (y @ w).float().sum()
+
+    def run(fn):
+        w = w0.clone().requires_grad_()
+        out = fn(x, w)
+        out.backward()
+        return out.detach(), w.grad
+
+    eager_out, _ = run(f)
+    torch._dynamo.reset()
+    ref_out, ref_grad = run(torch.compile(f, backend="aot_eager", dynamic=False))
+    torch._dynamo.reset()
+    out, grad = run(neuron_compile(f))
+    torch.testing.assert_close(out, eager_out, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-2, atol=1e-2)
