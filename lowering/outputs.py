@@ -72,6 +72,8 @@ def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
             raise NeuronCompileError(f"graph output {o.name} is not a tensor ({type(val).__name__})")
         st = storage_of(val)
         owner = first_owner.get(st)
+        if owner is None or owner is o:
+            owner = _view_base(o) or owner
         view = dict(size=tuple(val.shape), stride=tuple(val.stride()), offset=int(val.storage_offset()))
         if st in input_storage:
             plan.slots.append(OutputSlot("input", index=input_index[o]) if o.op == "placeholder"
@@ -85,6 +87,18 @@ def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
         else:
             plan.slots.append(OutputSlot("kernel", index=kernel_output(o)))
     return plan
+
+
+def _view_base(o: torch.fx.Node) -> torch.fx.Node | None:
+    """The computed node ``o`` is a view of through ATen view ops (``None`` if ``o`` is no view, or a
+    view of an input). A pass that replaces a node by an equal one (``cse`` merging ``x * 2`` computed
+    twice, the layout pass) leaves the views' fake values on the old node's storage, so the storage
+    alone no longer names their base (``return v2, v2.view(-1)`` gave two unrelated tensors)."""
+    n = o
+    while n.op == "call_function" and getattr(n.target, "is_view", False) and n.args \
+            and isinstance(n.args[0], torch.fx.Node):
+        n = n.args[0]
+    return None if n is o or n.op == "placeholder" else n
 
 
 def live_nodes(roots: list[torch.fx.Node]) -> set[torch.fx.Node]:

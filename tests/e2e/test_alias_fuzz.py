@@ -232,3 +232,21 @@ def test_slice_scatter_of_a_strided_input_saved_for_backward():
             v = torch.slice_scatter(x0, x0[0:1] * 3, 0, 0, 1)
             return (v @ v.t(),)
     """))
+
+
+def test_view_of_a_value_merged_by_cse_shares_its_storage():
+    # found by a 5,000-program run: cse merged v2 = x0 * 2 into the first x0 * 2 (not returned
+    # itself), and v2.view(-1), whose fake value kept the erased node's storage, came back as an
+    # unrelated tensor
+    assert_like_eager(_program("""
+        def make_inputs():
+            g = torch.Generator().manual_seed(0)
+            x0 = torch.randn(2, 2, generator=g)
+            return [x0], [x0]
+    """, """
+        def f(x0):
+            v1 = x0 * 2
+            v1.add_(1)
+            v2 = x0 * 2
+            return v2, v1, v2.view(-1)
+    """))
