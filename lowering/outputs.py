@@ -72,8 +72,9 @@ def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
             raise NeuronCompileError(f"graph output {o.name} is not a tensor ({type(val).__name__})")
         st = storage_of(val)
         owner = first_owner.get(st)
-        if owner is None or owner is o:
-            owner = _view_base(o) or owner
+        # the root of a chain of views names the buffer (two views of one value share it; the
+        # first of them is not their owner)
+        owner = _view_base(o) or (owner if owner is None or owner is o else _view_base(owner) or owner)
         view = dict(size=tuple(val.shape), stride=tuple(val.stride()), offset=int(val.storage_offset()))
         if st in input_storage:
             plan.slots.append(OutputSlot("input", index=input_index[o]) if o.op == "placeholder"

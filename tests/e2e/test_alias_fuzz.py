@@ -250,3 +250,20 @@ def test_view_of_a_value_merged_by_cse_shares_its_storage():
             v2 = x0 * 2
             return v2, v1, v2.view(-1)
     """))
+
+
+def test_two_views_of_a_value_merged_by_cse_share_its_storage():
+    # found by the next 5,000-program run: the second view was planned as a view of the first,
+    # which then became a buffer of its own
+    assert_like_eager(_program("""
+        def make_inputs():
+            g = torch.Generator().manual_seed(0)
+            x0 = torch.randn(2, 2, generator=g)
+            return [x0], [x0]
+    """, """
+        def f(x0):
+            v1 = x0 * 2
+            v1.add_(1)
+            v2 = x0 * 2
+            return v2.view(-1), v1, v2.view(-1)
+    """))
