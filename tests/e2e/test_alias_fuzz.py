@@ -37,11 +37,12 @@ def _observe(fn, make_inputs) -> dict:
     outs = [outs] if isinstance(outs, torch.Tensor) else list(outs)
     rel = {}
     for i, o in enumerate(outs):
-        # ``_base`` only of an output that shares memory with an input or another output (not
-        # the same object): an output viewing a private intermediate (``b = x * 2; v =
-        # b.view(-1); return v, v``) comes back from AOTAutograd as a plain tensor when it
-        # requires grad (aot_eager does it too)
-        if any(_same_storage(o, t) for t in inputs + [u for u in outs if u is not o]):
+        # ``_base`` only of an output that shares memory with an input: between outputs AOTAutograd
+        # (aot_eager too) may rebuild the relation the other way round (``v2 = v1.view(-1);
+        # v2.add_(1); return v2, v1`` returns v1 as a view of v2), and an output viewing a
+        # private intermediate comes back as a plain tensor when it requires grad; storage
+        # sharing between outputs is compared below
+        if any(_same_storage(o, t) for t in inputs):
             rel[f"out{i}._base is not None"] = o._base is not None
         rel[f"out{i}.requires_grad"] = o.requires_grad
         for j in range(i + 1, len(outs)):
