@@ -138,6 +138,7 @@ _ONE_2x3 = """
         x0 = torch.randn(2, 3, generator=g)
         return [x0], [x0]
 """
+_ONE_2x2 = _ONE_2x3.replace("randn(2, 3", "randn(2, 2")
 
 
 def test_views_of_one_base_that_requires_grad_get_its_gradient():
@@ -239,12 +240,7 @@ def test_view_of_a_value_merged_by_cse_shares_its_storage():
     # found by a 5,000-program run: cse merged v2 = x0 * 2 into the first x0 * 2 (not returned
     # itself), and v2.view(-1), whose fake value kept the erased node's storage, came back as an
     # unrelated tensor
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            x0 = torch.randn(2, 2, generator=g)
-            return [x0], [x0]
-    """, """
+    assert_like_eager(_program(_ONE_2x2, """
         def f(x0):
             v1 = x0 * 2
             v1.add_(1)
@@ -256,12 +252,7 @@ def test_view_of_a_value_merged_by_cse_shares_its_storage():
 def test_two_views_of_a_value_merged_by_cse_share_its_storage():
     # found by the next 5,000-program run: the second view was planned as a view of the first,
     # which then became a buffer of its own
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            x0 = torch.randn(2, 2, generator=g)
-            return [x0], [x0]
-    """, """
+    assert_like_eager(_program(_ONE_2x2, """
         def f(x0):
             v1 = x0 * 2
             v1.add_(1)
