@@ -494,6 +494,16 @@ OURS: dict[object, tuple[Callable, str]] = present({
 
 OURS.update(foreach.table())  # the optimizers' _foreach_* ops, one entry per overload
 
+# Lowered ops decomposed in one case their lowering rule cannot express; the decomposition returns
+# NotImplemented in every other case, so AOTAutograd keeps the op for its lowering rule.
+WHERE_LOWERING_DIFFERS: dict[object, tuple[Callable, str]] = {
+    aten.slice_scatter.default: (view_scatter.slice_scatter_overlapping,
+                                 "input overlapping itself: ATen's storage-level write (clone_preserve_strides)"),
+    aten.select_scatter.default: (view_scatter.select_scatter_overlapping,
+                                  "input overlapping itself: ATen's storage-level write (clone_preserve_strides)"),
+}
+
+
 def check_disjoint(table: dict, lowered: dict) -> None:
     """Raise ``RuntimeError`` if an op we chose to decompose also has a lowering rule."""
     ours = set(OURS) | set(get_decompositions(list(EXTRA_REFERENCE)))
@@ -511,4 +521,5 @@ def decomposition_table() -> dict:
     table.update(get_decompositions(list(EXTRA_REFERENCE)))
     table.update({op: fn for op, (fn, _reason) in OURS.items()})
     check_disjoint(table, lowered)
+    table.update({op: fn for op, (fn, _reason) in WHERE_LOWERING_DIFFERS.items()})
     return table

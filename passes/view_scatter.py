@@ -4,11 +4,21 @@
 functional, so AOTAutograd rejects it. Here the view's elements are selected by index arithmetic
 instead, and ``src`` is merged with ``where`` (diagonal) or written with ``index_put`` (as_strided),
 ops we lower. Semantics: PyTorch's ``diagonal_scatter`` / ``as_strided_scatter`` docs.
+
+Storage semantics. ATen builds every ``*_scatter`` result with ``clone_preserve_strides``
+(``TensorShape.cpp``): a copy of ``input``'s whole storage, seen with ``input``'s strides and
+storage offset, into whose view ``src`` is copied. Where ``input`` overlaps itself (an
+``as_strided`` view with strides (1, 1)), a write through the view changes every element that
+shares its memory location; ``as_strided_scatter``'s view is placed in that storage, not in the
+logical elements. :func:`storage_scatter` reproduces this from the fake value's strides; the
+``*_OVERLAPPING`` forms use it only where ``input`` overlaps itself, otherwise the op is lowered.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
+import numpy as np
 import torch
 
 
@@ -17,6 +27,9 @@ def diagonal_scatter(input, src, offset: int = 0, dim1: int = 0, dim2: int = 1):
 
     input: (..., n1, ..., n2, ...); src: input's shape without dim1 and dim2, plus (L,), the
     diagonal's length. Same dtype as input."""
+    if overlaps_itself(input):
+        return storage_scatter(input, src, lambda at: at.diagonal(offset, dim1, dim2),
+                               _span(input.shape, input.stride(), input.storage_offset()))
     dim1, dim2 = dim1 % input.dim(), dim2 % input.dim()
     x = input.movedim((dim1, dim2), (-2, -1))
     n1, n2 = x.shape[-2:]
@@ -31,16 +44,85 @@ def diagonal_scatter(input, src, offset: int = 0, dim1: int = 0, dim2: int = 1):
     return torch.where(on_diagonal, picked.to(x.dtype), x).movedim((-2, -1), (dim1, dim2))
 
 
-def as_strided_scatter(input, src, size, stride, storage_offset=None):
-    """``input`` (taken as contiguous, as the values of an FX graph are) with the elements of its
-    ``as_strided(size, stride, storage_offset)`` view replaced by ``src`` (shape ``size``). Where
-    the view overlaps itself, which write wins is unspecified, as in eager."""
-    flat = input.reshape(-1)
-    at = torch.full((), storage_offset or 0, dtype=torch.int64)
-    for d, (n, st) in enumerate(zip(size, stride)):
-        shape = [1] * len(size)
+def storage_positions(t: torch.Tensor) -> torch.Tensor:
+    """int64 tensor of ``t``'s shape: the storage index of each element (offset + sum of index * stride)."""
+    at = torch.full((), t.storage_offset(), dtype=torch.int64)
+    for d, (n, st) in enumerate(zip(t.shape, t.stride())):
+        shape = [1] * t.dim()
         shape[d] = n
         at = at + (torch.arange(n) * st).reshape(shape)
+    return at.expand(t.shape)
+
+
+def _span(shape, stride, offset: int) -> tuple[int, int]:
+    """Lowest and highest storage index of a non-empty view (strides are never negative in torch)."""
+    return offset, offset + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """True if two elements of ``t`` share a memory location (from the static shape and strides).
+    Unlike ``torch._debug_has_internal_overlap`` this is exact, not "too hard"."""
+    if t.numel() <= 1 or t.is_contiguous():
+        return False
+    at = np.zeros((), dtype=np.int64)
+    for d, (n, st) in enumerate(zip(t.shape, t.stride())):
+        shape = [1] * t.dim()
+        shape[d] = n
+        at = at + (np.arange(n, dtype=np.int64) * st).reshape(shape)
+    return np.unique(at).size < t.numel()
+
+
+def storage_scatter(input: torch.Tensor, src: torch.Tensor,
+                    written: Callable[[torch.Tensor], torch.Tensor], write_span: tuple[int, int]) -> torch.Tensor:
+    """ATen's ``*_scatter`` at the level of storage: ``input``'s elements placed in a flat copy of
+    the storage they cover, ``src`` written at the storage indices ``written(positions)`` picks,
+    and the result read back through ``input``'s strides. ``write_span``: lowest and highest
+    storage index written. Same shape and dtype as ``input``."""
+    if input.numel() == 0:
+        return input.clone()
+    lo_in, hi_in = _span(input.shape, input.stride(), input.storage_offset())
+    lo, hi = min(lo_in, write_span[0]), max(hi_in, write_span[1])
+    at = storage_positions(input) - lo
+    flat = input.new_zeros(hi - lo + 1).index_put((at.reshape(-1),), input.reshape(-1))
+    if src.numel():
+        flat = flat.index_put((written(at).reshape(-1),), src.reshape(-1).to(input.dtype))
+    return flat[at]
+
+
+def as_strided_scatter(input, src, size, stride, storage_offset=None):
+    """``input`` with the elements of its ``as_strided(size, stride, storage_offset)`` view replaced
+    by ``src`` (shape ``size``). As ATen's, the view is placed in ``input``'s storage (absolute
+    storage indices, default offset ``input.storage_offset()``), so a non-contiguous or offset
+    ``input`` sees the writes where eager's does. Where the view overlaps itself, which write wins
+    is unspecified, as in eager."""
+    offset = input.storage_offset() if storage_offset is None else storage_offset
     if math.prod(size) == 0:
         return input.clone()
-    return flat.index_put((at.reshape(-1),), src.reshape(-1).to(input.dtype)).reshape(input.shape)
+    origin = min(input.storage_offset(), offset)  # storage_scatter's index 0: the lowest one either side
+
+    def written(at: torch.Tensor) -> torch.Tensor:
+        view = torch.full((), offset - origin, dtype=torch.int64)
+        for d, (n, st) in enumerate(zip(size, stride)):
+            shape = [1] * len(size)
+            shape[d] = n
+            view = view + (torch.arange(n) * st).reshape(shape)
+        return view
+
+    return storage_scatter(input, src, written, _span(size, stride, offset))
+
+
+def slice_scatter_overlapping(input, src, dim=0, start=None, end=None, step=1):
+    """``slice_scatter`` where ``input`` overlaps itself (storage semantics, see the module doc);
+    ``NotImplemented`` otherwise, so the op keeps its lowering rule."""
+    if not overlaps_itself(input):
+        return NotImplemented
+    return storage_scatter(input, src, lambda at: torch.ops.aten.slice.Tensor(at, dim, start, end, step),
+                           _span(input.shape, input.stride(), input.storage_offset()))
+
+
+def select_scatter_overlapping(input, src, dim, index):
+    """``select_scatter`` where ``input`` overlaps itself; ``NotImplemented`` otherwise."""
+    if not overlaps_itself(input):
+        return NotImplemented
+    return storage_scatter(input, src, lambda at: at.select(dim, index),
+                           _span(input.shape, input.stride(), input.storage_offset()))

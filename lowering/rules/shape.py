@@ -7,6 +7,7 @@ restored by the runtime from the FX node metadata, not here.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from neuron_compile.lowering.context import LoweringContext
@@ -191,23 +192,57 @@ def lower_split(ctx: LoweringContext, x: TensorValue, sizes_or_size=None, dim=0)
     return tuple(pieces)
 
 
+def _nested_order(shape, stride) -> list[int] | None:
+    """Dims of a strided view by decreasing stride, if each stride exceeds the span of the smaller
+    ones (then a storage index splits back into one index per dim by division); else None."""
+    dims = sorted((d for d, n in enumerate(shape) if n > 1), key=lambda d: stride[d])
+    span = 0
+    for d in dims:
+        if stride[d] <= span:
+            return None
+        span += (shape[d] - 1) * stride[d]
+    return dims[::-1]
+
+
+def _reads_only_elements(src, size, stride, offset: int) -> bool:
+    """True if every storage index the ``as_strided`` view reads is an element of ``src``."""
+    def positions(shape, strides, start):
+        at = np.full((), start, dtype=np.int64)
+        for d, (n, st) in enumerate(zip(shape, strides)):
+            at = at + (np.arange(n, dtype=np.int64) * st).reshape([n if k == d else 1 for k in range(len(shape))])
+        return at.reshape(-1)
+    return bool(np.isin(positions(size, stride, offset),
+                        positions(tuple(src.shape), tuple(src.stride()), src.storage_offset())).all())
+
+
 @register_lowering(aten.as_strided.default)
 def lower_as_strided(ctx: LoweringContext, x: TensorValue, size, stride, storage_offset=None) -> TensorValue:
-    """``as_strided`` of a value whose storage is its own row-major layout (the input's metadata is
-    contiguous from offset 0): a gather at ``offset + Σ i_k·stride_k`` of the flattened input."""
+    """``as_strided`` as a gather. Storage index ``p = offset + Σ i_k·stride_k`` of each output
+    element; where the input's metadata is contiguous from offset 0 that is the flat index, else
+    ``p`` is split back into the input's indices by its strides, largest first (the input must not
+    overlap itself and the view must read only the input's own elements, as ``diagonal`` of a
+    transposed or sliced tensor does; anything else is declined)."""
     from neuron_compile.lowering.context import BodyBuilder
     from neuron_compile.lowering.ir import contiguous_strides
     src = ctx.node.args[0].meta["val"]
-    if src.storage_offset() != 0 or tuple(src.stride()) != contiguous_strides(tuple(src.shape)):
-        raise ctx.unsupported("as_strided of a non-contiguous view")
     shape, _ = ctx.out_spec()
-    flat = ctx.reshape(x, (numel(x.shape),))
+    offset = src.storage_offset() if storage_offset is None else storage_offset
+    contiguous = src.storage_offset() == 0 and tuple(src.stride()) == contiguous_strides(tuple(src.shape))
+    order = None if contiguous else _nested_order(tuple(src.shape), tuple(src.stride()))
+    if not contiguous and (order is None or not _reads_only_elements(src, size, stride, offset)):
+        raise ctx.unsupported("as_strided reading storage outside its non-contiguous input")
+    source = ctx.reshape(x, (numel(x.shape),)) if contiguous else x
     init = ctx.empty(shape, x.dtype)
-    offset = storage_offset or 0
 
     def body(b: BodyBuilder, args):
-        pos = b.const(offset, torch.int64)
+        pos = b.const(offset if contiguous else offset - src.storage_offset(), torch.int64)
         for d, st in enumerate(stride):
             pos = b.add(pos, b.mul(b.index(d), b.const(st, torch.int64)))
-        return b.extract(flat, [pos])
+        if contiguous:
+            return b.extract(source, [pos])
+        indices = [b.const(0, torch.int64)] * x.rank
+        for d in order:
+            st = b.const(src.stride()[d], torch.int64)
+            indices[d], pos = b.floordiv(pos, st), b.rem(pos, st)
+        return b.extract(source, indices)
     return ctx.generic([], [], init, ctx.identity_map(len(shape)), ["parallel"] * len(shape), body)

@@ -259,3 +259,19 @@ def test_two_views_of_a_value_merged_by_cse_share_its_storage():
             v2 = x0 * 2
             return v2.view(-1), v1, v2.view(-1)
     """))
+
+
+def test_slice_scatter_into_an_input_that_overlaps_itself():
+    # found by a 5,000-program run: eager writes row 0 through the overlapping strides (1, 1)
+    # of a copy of the storage, so element [1, 0], which shares row 0's second location, changes
+    # too; the lowering wrote the logical slice only
+    assert_like_eager(_program("""
+        def make_inputs():
+            g = torch.Generator().manual_seed(0)
+            base = torch.randn(2, 2, generator=g)
+            x0 = base.as_strided((2, 2), (1, 1))
+            return [x0], [base]
+    """, """
+        def f(x0):
+            return torch.slice_scatter(x0, x0[0:1] * 3, 0, 0, 1), torch.select_scatter(x0, x0[1] * 5, 0, 1)
+    """))

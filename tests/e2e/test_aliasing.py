@@ -129,3 +129,32 @@ def test_while_loop_is_refused_with_a_typed_error():
     inner = getattr(info.value, "inner_exception", info.value)
     assert isinstance(inner, UnsupportedOpsError), repr(info.value)
     assert "higher_order.while_loop" in str(inner)
+
+
+@pytest.mark.parametrize("make", [lambda t: t.t(), lambda t: t[:, 1:], lambda t: t.as_strided((2, 2), (1, 1))],
+                         ids=["transposed", "offset", "overlapping"])
+def test_view_scatters_write_where_eager_writes_in_storage(make):
+    """ATen's *_scatter results copy the input's storage with its strides (clone_preserve_strides):
+    as_strided_scatter's view is placed in that storage, and through an input overlapping itself a
+    write changes every element sharing the location."""
+    base = torch.randn(3, 3, dtype=torch.float64)
+    src = torch.tensor([10.0, 20.0], dtype=torch.float64)
+
+    def f(x, s):
+        return (torch.as_strided_scatter(x, s, (2,), (1,), x.storage_offset()),
+                torch.as_strided_scatter(x * 1, s, (2,), (2,)),
+                torch.select_scatter(x, x[1] * 3, 0, 0),
+                torch.slice_scatter(x, x[:, :1] * 5, 1, 1, 2))
+    x = make(base)
+    for got, want in zip(torch.compile(f, backend="neuron", dynamic=False)(x, src), f(x, src)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make", [lambda t: t.t(), lambda t: t[:, ::2], lambda t: t[1:],
+                                  lambda t: t.reshape(3, 4, 1).permute(2, 1, 0)[0]],
+                         ids=["transposed", "stepped", "offset", "permuted"])
+def test_diagonal_of_a_non_contiguous_input(make):
+    x = make(torch.randn(3, 4, dtype=torch.float64))
+    f = lambda x: (x.diagonal() * 2, x.diagonal(1).exp(), torch.diagonal(x, -1) + 1)  # noqa: E731
+    for got, want in zip(torch.compile(f, backend="neuron", dynamic=False)(x), f(x)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
