@@ -28,8 +28,7 @@ def diagonal_scatter(input, src, offset: int = 0, dim1: int = 0, dim2: int = 1):
     input: (..., n1, ..., n2, ...); src: input's shape without dim1 and dim2, plus (L,), the
     diagonal's length. Same dtype as input."""
     if overlaps_itself(input):
-        return storage_scatter(input, src, lambda at: at.diagonal(offset, dim1, dim2),
-                               _span(input.shape, input.stride(), input.storage_offset()))
+        return storage_scatter(input, src, lambda at: at.diagonal(offset, dim1, dim2), _own_span(input))
     dim1, dim2 = dim1 % input.dim(), dim2 % input.dim()
     x = input.movedim((dim1, dim2), (-2, -1))
     n1, n2 = x.shape[-2:]
@@ -44,14 +43,28 @@ def diagonal_scatter(input, src, offset: int = 0, dim1: int = 0, dim2: int = 1):
     return torch.where(on_diagonal, picked.to(x.dtype), x).movedim((-2, -1), (dim1, dim2))
 
 
-def storage_positions(t: torch.Tensor) -> torch.Tensor:
-    """int64 tensor of ``t``'s shape: the storage index of each element (offset + sum of index * stride)."""
-    at = torch.full((), t.storage_offset(), dtype=torch.int64)
-    for d, (n, st) in enumerate(zip(t.shape, t.stride())):
-        shape = [1] * t.dim()
-        shape[d] = n
-        at = at + (torch.arange(n) * st).reshape(shape)
-    return at.expand(t.shape)
+Layout = tuple[tuple[int, ...], int]   # (strides, storage offset) of a value of known shape
+
+
+def clone_layout(t: torch.Tensor) -> Layout:
+    """Strides and storage offset of ATen's ``clone_preserve_strides(t)``, the ``*_scatter`` ops'
+    result: ``t``'s own, except where ``t`` surely overlaps itself (a stride 0 over a size > 1,
+    ``has_internal_overlap`` = YES), which is cloned densely (contiguous, offset 0)."""
+    if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride())):
+        strides, acc = [], 1
+        for n in reversed(t.shape):
+            strides.insert(0, acc)
+            acc *= max(n, 1)
+        return tuple(strides), 0
+    return tuple(t.stride()), t.storage_offset()
+
+
+def _positions(shape, layout: Layout, arange=torch.arange, full=None):
+    strides, offset = layout
+    at = torch.full((), offset, dtype=torch.int64) if full is None else full(offset)
+    for d, (n, st) in enumerate(zip(shape, strides)):
+        at = at + (arange(n) * st).reshape([n if k == d else 1 for k in range(len(shape))])
+    return at
 
 
 def _span(shape, stride, offset: int) -> tuple[int, int]:
@@ -60,29 +73,28 @@ def _span(shape, stride, offset: int) -> tuple[int, int]:
 
 
 def overlaps_itself(t: torch.Tensor) -> bool:
-    """True if two elements of ``t`` share a memory location (from the static shape and strides).
-    Unlike ``torch._debug_has_internal_overlap`` this is exact, not "too hard"."""
+    """True if two elements of ``t``'s :func:`clone_layout` share a memory location (exact, from
+    the static shape and strides; ATen's ``has_internal_overlap`` answers "too hard" here)."""
     if t.numel() <= 1 or t.is_contiguous():
         return False
-    at = np.zeros((), dtype=np.int64)
-    for d, (n, st) in enumerate(zip(t.shape, t.stride())):
-        shape = [1] * t.dim()
-        shape[d] = n
-        at = at + (np.arange(n, dtype=np.int64) * st).reshape(shape)
+    at = _positions(tuple(t.shape), clone_layout(t), lambda n: np.arange(n, dtype=np.int64),
+                    lambda v: np.full((), v, dtype=np.int64))
     return np.unique(at).size < t.numel()
 
 
 def storage_scatter(input: torch.Tensor, src: torch.Tensor,
                     written: Callable[[torch.Tensor], torch.Tensor], write_span: tuple[int, int]) -> torch.Tensor:
     """ATen's ``*_scatter`` at the level of storage: ``input``'s elements placed in a flat copy of
-    the storage they cover, ``src`` written at the storage indices ``written(positions)`` picks,
-    and the result read back through ``input``'s strides. ``write_span``: lowest and highest
-    storage index written. Same shape and dtype as ``input``."""
+    the storage they cover (laid out as :func:`clone_layout`), ``src`` written at the storage
+    indices ``written(positions)`` picks (``positions`` relative to the lowest index either side),
+    and the result read back through that layout. ``write_span``: lowest and highest storage index
+    written. Same shape and dtype as ``input``."""
     if input.numel() == 0:
         return input.clone()
-    lo_in, hi_in = _span(input.shape, input.stride(), input.storage_offset())
+    layout = clone_layout(input)
+    lo_in, hi_in = _span(input.shape, *layout)
     lo, hi = min(lo_in, write_span[0]), max(hi_in, write_span[1])
-    at = storage_positions(input) - lo
+    at = _positions(tuple(input.shape), layout).expand(input.shape) - lo
     flat = input.new_zeros(hi - lo + 1).index_put((at.reshape(-1),), input.reshape(-1))
     if src.numel():
         flat = flat.index_put((written(at).reshape(-1),), src.reshape(-1).to(input.dtype))
@@ -91,24 +103,21 @@ def storage_scatter(input: torch.Tensor, src: torch.Tensor,
 
 def as_strided_scatter(input, src, size, stride, storage_offset=None):
     """``input`` with the elements of its ``as_strided(size, stride, storage_offset)`` view replaced
-    by ``src`` (shape ``size``). As ATen's, the view is placed in ``input``'s storage (absolute
-    storage indices, default offset ``input.storage_offset()``), so a non-contiguous or offset
-    ``input`` sees the writes where eager's does. Where the view overlaps itself, which write wins
-    is unspecified, as in eager."""
-    offset = input.storage_offset() if storage_offset is None else storage_offset
+    by ``src`` (shape ``size``). As ATen's, the view is placed in the storage of the result
+    (:func:`clone_layout`: absolute storage indices, default offset the result's), so a
+    non-contiguous or offset ``input`` sees the writes where eager's does. Where the view overlaps
+    itself, which write wins is unspecified, as in eager."""
+    own = clone_layout(input)[1]
+    offset = own if storage_offset is None else storage_offset
     if math.prod(size) == 0:
         return input.clone()
-    origin = min(input.storage_offset(), offset)  # storage_scatter's index 0: the lowest one either side
+    origin = min(own, offset)  # storage_scatter's index 0: the lowest one either side
+    return storage_scatter(input, src, lambda at: _positions(tuple(size), (tuple(stride), offset - origin)),
+                           _span(size, stride, offset))
 
-    def written(at: torch.Tensor) -> torch.Tensor:
-        view = torch.full((), offset - origin, dtype=torch.int64)
-        for d, (n, st) in enumerate(zip(size, stride)):
-            shape = [1] * len(size)
-            shape[d] = n
-            view = view + (torch.arange(n) * st).reshape(shape)
-        return view
 
-    return storage_scatter(input, src, written, _span(size, stride, offset))
+def _own_span(input: torch.Tensor) -> tuple[int, int]:
+    return _span(input.shape, *clone_layout(input))
 
 
 def slice_scatter_overlapping(input, src, dim=0, start=None, end=None, step=1):
@@ -117,12 +126,11 @@ def slice_scatter_overlapping(input, src, dim=0, start=None, end=None, step=1):
     if not overlaps_itself(input):
         return NotImplemented
     return storage_scatter(input, src, lambda at: torch.ops.aten.slice.Tensor(at, dim, start, end, step),
-                           _span(input.shape, input.stride(), input.storage_offset()))
+                           _own_span(input))
 
 
 def select_scatter_overlapping(input, src, dim, index):
     """``select_scatter`` where ``input`` overlaps itself; ``NotImplemented`` otherwise."""
     if not overlaps_itself(input):
         return NotImplemented
-    return storage_scatter(input, src, lambda at: at.select(dim, index),
-                           _span(input.shape, input.stride(), input.storage_offset()))
+    return storage_scatter(input, src, lambda at: at.select(dim, index), _own_span(input))

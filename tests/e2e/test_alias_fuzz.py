@@ -275,3 +275,19 @@ def test_slice_scatter_into_an_input_that_overlaps_itself():
         def f(x0):
             return torch.slice_scatter(x0, x0[0:1] * 3, 0, 0, 1), torch.select_scatter(x0, x0[1] * 5, 0, 1)
     """))
+
+
+def test_slice_scatter_into_an_expanded_input():
+    # found by the next 5,000-program run: ATen clones an input that surely overlaps itself (a
+    # stride 0) densely, so the write changes the logical slice only; the storage form wrote
+    # through the expanded row
+    assert_like_eager(_program("""
+        def make_inputs():
+            g = torch.Generator().manual_seed(0)
+            base = torch.randn(2, 2, generator=g)
+            x3 = base[0].expand(2, 2)
+            return [x3], [base]
+    """, """
+        def f(x3):
+            return torch.slice_scatter(x3, x3[0:1] * 3, 0, 0, 1), torch.as_strided_scatter(x3, x3[0] * 5, (2,), (1,))
+    """))

@@ -131,12 +131,13 @@ def test_while_loop_is_refused_with_a_typed_error():
     assert "higher_order.while_loop" in str(inner)
 
 
-@pytest.mark.parametrize("make", [lambda t: t.t(), lambda t: t[:, 1:], lambda t: t.as_strided((2, 2), (1, 1))],
-                         ids=["transposed", "offset", "overlapping"])
+@pytest.mark.parametrize("make", [lambda t: t.t(), lambda t: t[:, 1:], lambda t: t.as_strided((2, 2), (1, 1)),
+                                  lambda t: t[0, :2].expand(2, 2)],
+                         ids=["transposed", "offset", "overlapping", "expanded"])
 def test_view_scatters_write_where_eager_writes_in_storage(make):
     """ATen's *_scatter results copy the input's storage with its strides (clone_preserve_strides):
     as_strided_scatter's view is placed in that storage, and through an input overlapping itself a
-    write changes every element sharing the location."""
+    write changes every element sharing the location; an input with a stride 0 is cloned densely."""
     base = torch.randn(3, 3, dtype=torch.float64)
     src = torch.tensor([10.0, 20.0], dtype=torch.float64)
 
