@@ -22,7 +22,7 @@ _KINDS: dict[torch._ops.OpOverload, str] = {}
 # ``torch._inductor.inductor_prims`` up front costs 1.6 s)
 _BY_NAME: dict[str, tuple[LoweringRule, str]] = {}
 FUSION_KINDS = ("pointwise", "reduction", "matmul", "opaque")
-_FAMILIES = ("elementwise", "reduction", "matmul", "shape", "indexing", "creation", "conv", "sorting", "orthopoly")
+_FAMILIES = ("elementwise", "reduction", "matmul", "shape", "indexing", "creation", "conv", "pooling", "sorting", "orthopoly")
 _loaded = False
 
 

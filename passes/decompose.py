@@ -40,7 +40,6 @@ EXTRA_REFERENCE: dict[object, str] = {
     aten.native_batch_norm: "dispatches to the _legit forms above",
     aten._adaptive_avg_pool2d: "windowed sums by index gathers, divided by the window sizes",
     aten.max_pool2d_with_indices: "windows gathered with indices, max and argmax over each",
-    aten.max_pool2d_with_indices_backward: "gradient scattered to the argmax positions",
     aten.max_pool3d_with_indices: "as the 2d form: windows gathered with indices, max and argmax",
     aten.ldexp.Tensor: "a * 2**b",
     aten.diagonal: "as_strided view of the diagonal",

@@ -1,0 +1,55 @@
+"""Max-pool gradients (``lowering/rules/pooling.py``): a gather per input position over the
+windows that can hold it, bitwise as eager's CPU kernel (same adds in the same order, float16 and
+bfloat16 rounded after every add), and linear in the input, not input × output."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.e2e.test_conv_gemm import _kernels
+
+# (input shape, kernel, stride, padding, dilation, ceil_mode)
+CASES = {
+    "3x3 stride 2 pad 1 (ResNet stem)": ((2, 3, 9, 9), 3, 2, 1, 1, False),
+    "2x2 stride 2 (UNet)": ((2, 3, 8, 8), 2, 2, 0, 1, False),
+    "3x3 stride 1 ceil": ((1, 2, 7, 6), 3, 1, 1, 1, True),
+    "dilated ceil": ((2, 4, 10, 10), 3, 2, 1, 2, True),
+    "no batch dim": ((3, 11, 11), 3, 2, 0, 1, False),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_max_pool2d_gradient_is_eagers_bit_for_bit(case, dtype):
+    shape, k, s, p, d, ceil = CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    # rounded values: ties, so one input position is the argmax of several windows
+    x = torch.randn(shape, generator=g).mul(2).round().to(dtype)
+
+    def fn(x):
+        return F.max_pool2d(x, k, s, p, d, ceil_mode=ceil)
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = torch.compile(fn, backend="neuron", dynamic=False)(xc)
+    gy = torch.randn(y.shape, generator=g).to(dtype)
+    (got,) = torch.autograd.grad(y, xc, gy)
+    (want,) = torch.autograd.grad(fn(xe), xe, gy)
+    assert torch.equal(got, want)
+
+
+def test_max_pool3d_gradient_is_eagers_bit_for_bit():
+    x = torch.randn(2, 2, 6, 7, 6, generator=torch.Generator().manual_seed(0)).round()
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = torch.compile(lambda t: F.max_pool3d(t, 3, 2, 1), backend="neuron", dynamic=False)(xc)
+    gy = torch.randn(y.shape)
+    assert torch.equal(torch.autograd.grad(y, xc, gy)[0], torch.autograd.grad(F.max_pool3d(xe, 3, 2, 1), xe, gy)[0])
+
+
+def test_max_pool_gradient_is_one_pass_over_the_input():
+    """One kernel whose loops are the input's shape (was a scatter over input × output positions)."""
+    def backward(gy, x, idx):
+        return torch.ops.aten.max_pool2d_with_indices_backward(gy, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+    x = torch.randn(2, 8, 32, 32)
+    _, idx = torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])
+    (kernel,) = [k for k, _ in _kernels(backward, torch.randn(2, 8, 16, 16), x, idx)]
+    assert tuple(kernel.ranges) == (2, 8, 32, 32)
