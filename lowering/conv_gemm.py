@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from neuron_compile.lowering import implicit_gemm
+from neuron_compile.lowering import conv_grouped, implicit_gemm
 from neuron_compile.lowering.context import LoweringContext
 from neuron_compile.lowering.ir import TensorValue, affine_map
 
@@ -69,27 +69,50 @@ def im2col(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spatial:
     return ctx.reshape(col, (n, rows, cols))
 
 
+def im2col_rows(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spatial: Sequence[int],
+                stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> TensorValue:
+    """The transposed im2col matrix of the whole batch, [N·prod(out_spatial), C·prod(ks)]: row
+    ``(n, o)`` holds image n's window at output position o (the rows of a channels-last GEMM, so
+    the batch adds rows where a small output plane gives few columns)."""
+    n, c, k = x.shape[0], x.shape[1], len(ks)
+    xp = _pad(ctx, x, padding)
+    shape = [n, *out_spatial, c, *ks]
+    window = affine_map(2 + 2 * k, ["d0", f"d{1 + k}"] + [f"d{1 + i} * {stride[i]} + d{2 + k + i} * {dilation[i]}"
+                                                          for i in range(k)])
+    col = ctx.generic([xp], [window], ctx.empty(shape, x.dtype), ctx.identity_map(2 + 2 * k),
+                      ["parallel"] * (2 + 2 * k), lambda b, args: args[0])
+    return ctx.reshape(col, (n * math.prod(out_spatial), c * math.prod(ks)))
+
+
 def col2im(ctx: LoweringContext, cols: TensorValue, c: int, ks: Sequence[int], out_spatial: Sequence[int],
            in_shape: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-           dilation: Sequence[int]) -> TensorValue:
-    """The adjoint of :func:`im2col`: ``cols`` [N, C·prod(ks), prod(out_spatial)] summed into an
-    input-shaped [N, C, in spatial...] tensor (each entry added where im2col read it; padding
-    cropped). One generic whose kernel loops are sequential (reductions) and whose (n, c) and
-    output-position loops are parallel: for fixed kernel offsets the window map is injective."""
-    n, k = cols.shape[0], len(ks)
-    if _plain(ks, stride, padding):
+           dilation: Sequence[int], rows: bool = False) -> TensorValue:
+    """The adjoint of :func:`im2col`: ``cols`` [N, C·prod(ks), prod(out_spatial)] (or, with
+    ``rows``, :func:`im2col_rows`' [N·prod(out_spatial), C·prod(ks)]) summed into an input-shaped
+    [N, C, in spatial...] tensor (each entry added where im2col read it; padding cropped). One
+    generic whose kernel loops are sequential (reductions) and whose (n, c) and output-position
+    loops are parallel: for fixed kernel offsets the window map is injective."""
+    n, k = in_shape[0], len(ks)
+    if _plain(ks, stride, padding) and not rows:
         return ctx.reshape(cols, tuple(in_shape))
     padded = list(in_shape[:2]) + [in_shape[2 + i] + 2 * p for i, p in enumerate(padding)]
-    col6 = ctx.reshape(cols, (n, c, *ks, *out_spatial))
+    loops = 2 + 2 * k   # (n, c, kernel spatial..., out spatial...)
+    if rows:
+        col6 = ctx.reshape(cols, (n, *out_spatial, c, *ks))
+        read = affine_map(loops, ["d0"] + [f"d{2 + k + i}" for i in range(k)] + ["d1"] + [f"d{2 + i}" for i in range(k)])
+    else:
+        col6 = ctx.reshape(cols, (n, c, *ks, *out_spatial))
+        read = ctx.identity_map(loops)
     iters = ["parallel", "parallel"] + ["reduction"] * k + ["parallel"] * k
-    acc = ctx.generic([col6], [ctx.identity_map(2 + 2 * k)], ctx.fill(padded, cols.dtype, 0),
+    acc = ctx.generic([col6], [read], ctx.fill(padded, cols.dtype, 0),
                       _window(k, stride, dilation), iters, lambda b, args: b.add(args[1], args[0]), kind="pointwise")
     if any(padding):
         acc = ctx.extract_slice(acc, [0, 0] + list(padding), list(in_shape), [1] * len(in_shape))
     return acc
 
 
-def gemm_applies(ctx: LoweringContext, m: int, n: int, k: int, batch: int, dtype: torch.dtype) -> bool:
+def gemm_applies(ctx: LoweringContext, m: int, n: int, k: int, batch: int, dtype: torch.dtype,
+                 trans_b: bool = False) -> bool:
     """Whether the ``matmul`` strategy takes a convolution's product (else the caller keeps its
     direct contraction: no im2col copy for a product the tiled GEMM would not run)."""
     from neuron_compile.codegen.strategies import matmul as gemm
@@ -100,8 +123,19 @@ def gemm_applies(ctx: LoweringContext, m: int, n: int, k: int, batch: int, dtype
     forced = ov.get("matmul") or ov.get("*")
     if forced is not None and forced.strategy != gemm.MatmulTiled.name:
         return False
-    return gemm.applies(gemm.GemmProblem(m, n, k, batch, str(dtype).replace("torch.", ""), False, False, True, True,
-                                         batch > 1), target)
+    return gemm.applies(gemm.GemmProblem(m, n, k, batch, str(dtype).replace("torch.", ""), False, trans_b, True,
+                                         not trans_b, batch > 1), target)
+
+
+def _folds_batch(ctx: LoweringContext, cols: int, dtype: torch.dtype) -> bool:
+    """Whether a convolution's products take the rows form (the batch's output positions as the
+    GEMM's rows): where one image has fewer output positions than a register tile has columns,
+    so a product per image would not run on the tiled GEMM (forward) or would have K = OH·OW."""
+    from neuron_compile.codegen.strategies import matmul as gemm
+    target = ctx.body.target
+    if target is None or target.isa not in gemm.ISA_TABLE:
+        return False
+    return cols < gemm.ISA_TABLE[target.isa]["NR"] // (2 if dtype == torch.float64 else 1)
 
 
 def _geometry(x: TensorValue, w_shape: Sequence[int], stride, padding, dilation):
@@ -115,24 +149,37 @@ def _images(ctx: LoweringContext, t: TensorValue) -> TensorValue:
 
 
 def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
-            groups: int) -> TensorValue | None:
+            groups: int, out_shape: Sequence[int] | None = None) -> TensorValue | None:
     """``conv(x, w) + bias`` [N, OC, out spatial...] as im2col + the tiled GEMM, the bias the
     accumulator's initial value per output channel; ``None`` where the caller's direct
     contraction is kept (groups, half precision, a product the GEMM strategy does not take).
+    ``out_shape``: the result's shape where the node's is not it (a transposed convolution's
+    input gradient); default the node's output.
     ``x`` may be lazy (a fused pointwise producer): the implicit GEMM computes it into its padded
     input, the other paths store it first."""
-    shape, dtype = ctx.out_spec()
+    shape, dtype = ctx.out_spec() if out_shape is None else (list(out_shape), x.dtype)
     k, stride, padding, dilation, ks = _geometry(x, w.shape, stride, padding, dilation)
     n, oc = shape[0], shape[1]
     rows, cols = x.shape[1] * math.prod(ks), math.prod(shape[2:])
-    if groups != 1 or x.dtype != dtype or w.dtype != dtype:
+    if x.dtype != dtype or w.dtype != dtype:
         return None
+    if groups != 1:
+        if not conv_grouped.applies(ctx, groups, x.shape[1], oc, math.prod(ks), n * cols, dtype):
+            return None
+        return conv_grouped.forward(ctx, ctx.materialize(x), w, bias, shape, groups, ks, stride, padding, dilation)
     if implicit_gemm.applies_to(x.rank, stride, groups) and \
             (y := implicit_gemm.forward(ctx, x, w, ctx.materialize(bias) if bias is not None else None,
                                         padding, dilation)) is not None:
         return y
     if not gemm_applies(ctx, oc, cols, rows, n if n > 1 else 0, dtype):
-        return None
+        if not gemm_applies(ctx, n * cols, oc, rows, 0, dtype, trans_b=True):
+            return None
+        # few output positions per image (late ResNet stages: 4×4, 2×2): the batch's positions are
+        # the rows of one channels-last GEMM [N·OH·OW, C·KK] @ Wᵀ, transposed back to NCHW
+        a = im2col_rows(ctx, ctx.materialize(x), ks, shape[2:], stride, padding, dilation)
+        out = ctx.matmul(a, ctx.reshape(w, (oc, rows)), dtype, trans_b=True,
+                         acc_init=ctx.materialize(bias) if bias is not None else None)
+        return ctx.reshape(ctx.permute(ctx.reshape(out, (n, cols, oc)), (0, 2, 1)), tuple(shape))
     x = ctx.materialize(x)  # a lazy input (a fused producer) is read in place only by the implicit GEMM
     col = _images(ctx, im2col(ctx, x, ks, shape[2:], stride, padding, dilation))
     acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
@@ -149,8 +196,12 @@ def grad_input(ctx: LoweringContext, g: TensorValue, w: TensorValue, in_shape: S
     _, stride, padding, dilation, ks = _geometry(g, w.shape, stride, padding, dilation)
     n, oc, c = g.shape[0], w.shape[0], w.shape[1]
     rows, cols = c * math.prod(ks), math.prod(g.shape[2:])
-    if groups != 1 or w.dtype != dtype:
+    if w.dtype != dtype:
         return None
+    if groups != 1:
+        if not conv_grouped.applies(ctx, groups, in_shape[1], oc, math.prod(ks), n * cols, dtype):
+            return None
+        return conv_grouped.grad_input(ctx, g, w, in_shape, groups, ks, stride, padding, dilation)
     full = [d * (s - 1) - p for s, p, d in zip(ks, padding, dilation)]
     if implicit_gemm.applies_to(g.rank, stride, groups) and min(full) >= 0 and math.prod(ks) > 1:
         # unit stride: the input gradient is the full convolution of g with the flipped, transposed
@@ -161,6 +212,13 @@ def grad_input(ctx: LoweringContext, g: TensorValue, w: TensorValue, in_shape: S
         gx = implicit_gemm.forward(ctx, g, flipped, None, full, dilation)
         if gx is not None and tuple(gx.shape) == tuple(in_shape):
             return gx
+    if _folds_batch(ctx, cols, dtype):
+        if not gemm_applies(ctx, n * cols, rows, oc, 0, dtype):
+            return None
+        # the rows form (see forward): [N·OH·OW, OC] @ W[OC, C·KK], then col2im from rows
+        g_rows = ctx.reshape(ctx.permute(ctx.reshape(g, (n, oc, cols)), (0, 2, 1)), (n * cols, oc))
+        gcols = ctx.matmul(g_rows, ctx.reshape(w, (oc, rows)), dtype)
+        return col2im(ctx, gcols, c, ks, g.shape[2:], in_shape, stride, padding, dilation, rows=True)
     if not gemm_applies(ctx, rows, cols, oc, n if n > 1 else 0, dtype):
         return None
     gcols = ctx.matmul(ctx.reshape(w, (oc, rows)), _images(ctx, ctx.reshape(g, (n, oc, cols))), dtype, trans_a=True)
@@ -176,8 +234,20 @@ def grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     _, stride, padding, dilation, ks = _geometry(x, w_shape, stride, padding, dilation)
     n, oc, c = g.shape[0], w_shape[0], w_shape[1]
     rows, cols = c * math.prod(ks), math.prod(g.shape[2:])
-    if groups != 1 or x.dtype != dtype:
+    if x.dtype != dtype:
         return None
+    if groups != 1:
+        if not conv_grouped.applies(ctx, groups, x.shape[1], oc, math.prod(ks), n * cols, dtype):
+            return None
+        return conv_grouped.grad_weight(ctx, g, x, w_shape, groups, ks, stride, padding, dilation)
+    if _folds_batch(ctx, cols, dtype):
+        if not gemm_applies(ctx, oc, rows, n * cols, 0, dtype):
+            return None
+        # the rows form (see forward): one GEMM over the batch's positions, K = N·OH·OW, where a
+        # product per image would have K = OH·OW and a sum over images after it
+        g_t = ctx.reshape(ctx.permute(ctx.reshape(g, (n, oc, cols)), (1, 0, 2)), (oc, n * cols))
+        gw = ctx.matmul(g_t, im2col_rows(ctx, x, ks, g.shape[2:], stride, padding, dilation), dtype)
+        return ctx.reshape(gw, tuple(w_shape))
     if implicit_gemm.applies_to(x.rank, stride, groups) and \
             (gw := implicit_gemm.weight_grad(ctx, g, x, w_shape, padding, dilation)) is not None:
         return gw

@@ -104,7 +104,14 @@ def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias
                       transposed: bool, output_padding, groups: int) -> TensorValue:
     w = ctx.materialize(w)
     if transposed:
-        return _transposed(ctx, ctx.materialize(x), w, bias, stride, padding, dilation, groups)
+        shape, dtype = ctx.out_spec()
+        x = ctx.materialize(x)
+        if (y := conv_gemm.grad_input(ctx, x, w, shape, stride, padding, dilation, groups)) is None:
+            return _transposed(ctx, x, w, bias, stride, padding, dilation, groups)
+        if bias is None:
+            return y
+        b = ctx.reshape(ctx.materialize(bias), (shape[1],) + (1,) * (x.rank - 2))
+        return ctx.elementwise(lambda s, o, bb: s.add(o, bb), [y, b], shape, dtype)
     gemm = conv_gemm.forward(ctx, x, w, bias, stride, padding, dilation, groups)  # x may be lazy
     if gemm is not None:
         return gemm
@@ -140,8 +147,9 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     results = []
     acc = _acc(dtype)
     if output_mask[0] and transposed:
-        results.append(ctx.cast(_forward(ctx, grad, w, ctx.fill(list(x.shape), acc, 0), stride, padding, dilation,
-                                         groups), dtype))
+        gx = conv_gemm.forward(ctx, grad, w, None, stride, padding, dilation, groups, out_shape=x.shape)
+        results.append(gx if gx is not None else ctx.cast(
+            _forward(ctx, grad, w, ctx.fill(list(x.shape), acc, 0), stride, padding, dilation, groups), dtype))
     elif output_mask[0] and (gx := conv_gemm.grad_input(ctx, grad, w, x.shape, stride, padding, dilation,
                                                         groups)) is not None:
         results.append(gx)
@@ -156,6 +164,9 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     if output_mask[1] and not transposed and (gw := conv_gemm.grad_weight(ctx, grad, x, w.shape, stride, padding,
                                                                          dilation, groups)) is not None:
         results.append(gw)
+    elif output_mask[1] and transposed and (gw := conv_gemm.grad_weight(ctx, x, grad, w.shape, stride, padding,
+                                                                       dilation, groups)) is not None:
+        results.append(gw)   # conv's weight gradient with x as the output gradient, grad as the input
     elif output_mask[1]:
         results.append(_grad_weight(ctx, x, grad, w, stride, padding, dilation, groups) if transposed
                        else _grad_weight(ctx, grad, x, w, stride, padding, dilation, groups))

@@ -36,6 +36,13 @@ CASES = {
     # whole register tiles (one GEMM region): the output is written in place through its reshape
     "3x3 stride 2 whole tiles": ((2, 4, 32, 32), (16, 4, 3, 3), True, 2, 1, 1),
     "1x1 whole tiles": ((2, 16, 16, 16), (32, 16, 1, 1), False, 1, 0, 1),
+    # output planes narrower than a register tile (late ResNet stages): the batch's positions are
+    # the rows of one channels-last GEMM
+    "3x3 at 4x4": ((6, 24, 4, 4), (64, 24, 3, 3), True, 1, 1, 1),
+    "3x3 at 2x2, one image": ((1, 40, 2, 2), (64, 40, 3, 3), True, 1, 1, 1),
+    "3x3 stride 2 to 3x3": ((5, 16, 6, 6), (72, 16, 3, 3), False, 2, 1, 1),
+    "1x1 stride 2 at 5x5": ((3, 32, 5, 5), (64, 32, 1, 1), True, 2, 0, 1),
+    "1-d, 5 positions": ((4, 24, 5), (64, 24, 3), True, 1, 1, 1),
 }
 
 
@@ -133,3 +140,101 @@ def test_strided_input_gradient_is_a_gemm_and_a_col2im():
     (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
     assert gemm.attrs["trans_a"] and gemm.attrs["shared_a"]
     assert len([k for k, _ in ks if any(not o.affine for o in k.operands if o.output)]) == 1   # col2im
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_small_output_planes_fold_the_batch_into_gemm_rows(stride):
+    """Forward, input and weight gradients of a convolution with a 2×2 output plane are GEMMs
+    over the batch's N·OH·OW rows (a product per image would have 4 columns: the direct
+    contraction on ``loops``, ~2 GFLOP/s, before)."""
+    def step(g, x, w):
+        y = torch.ops.aten.convolution(x, w, None, [stride] * 2, [1, 1], [1, 1], False, [0, 0], 1)
+        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [stride] * 2, [1, 1], [1, 1], False,
+                                                        [0, 0], 1, [True, True, False])
+        return y, gx, gw
+    hw = 2 * stride
+    ks = _kernels(step, torch.randn(8, 64, 2, 2), torch.randn(8, 32, hw, hw), torch.randn(64, 32, 3, 3))
+    gemms = [k for k, _ in ks if k.kind == "matmul"]
+    assert sorted((k.attrs["m"], k.attrs["n"], k.attrs["k"]) for k in gemms) == sorted(
+        [(32, 64, 288), (32, 288, 64), (64, 288, 32)])   # forward, grad_input, grad_weight
+    assert all(k.attrs["gemm"]["problem"]["batch"] == 0 for k in gemms)   # one GEMM each, no batch
+    assert not [k for k, s in ks if s.strategy == "loops" and k.kind == "matmul"]
+
+
+CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+# (input shape, weight shape [IC, OC, k...], bias, stride, padding, output_padding, dilation)
+TRANSPOSED = {
+    "2x2 stride 2 (UNet up)": ((4, 48, 6, 6), (48, 32, 2, 2), True, 2, 0, 0, 1),
+    "3x3 stride 2 pad 1 output_padding 1": ((3, 40, 5, 7), (40, 36, 3, 3), True, 2, 1, 1, 1),
+    "3x3 unit stride": ((2, 24, 8, 8), (24, 40, 3, 3), False, 1, 1, 0, 1),
+    "3x3 at 2x2": ((8, 64, 2, 2), (64, 48, 3, 3), True, 2, 1, 1, 1),
+    "1-d dilated": ((3, 24, 9), (24, 40, 3), True, 2, 2, 1, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(TRANSPOSED))
+def test_transposed_convolution_and_its_gradients_match_eager_at_float64(case):
+    """A transposed convolution is its convolution's input gradient (a GEMM and a col2im, not a
+    scatter); its own input gradient is a convolution and its weight gradient a GEMM."""
+    xs, ws, has_bias, stride, padding, output_padding, dilation = TRANSPOSED[case]
+    g = torch.Generator().manual_seed(len(case))
+    args = [torch.randn(xs, generator=g), torch.randn(ws, generator=g)]
+    args += [torch.randn(ws[1], generator=g)] if has_bias else []
+    conv = CONV_T[len(xs) - 2]
+
+    def fn(x, w, b=None):
+        return conv(x, w, b, stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
+    out, grads = _run(torch.compile(fn, backend="neuron", dynamic=False), args)
+    ref, ref_grads = _run(fn, [a.double() for a in args])
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_transposed_convolution_is_gemms():
+    def step(x, w, g):
+        y = torch.ops.aten.convolution(x, w, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1)
+        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1,
+                                                        [True, True, False])
+        return y, gx, gw
+    ks = _kernels(step, torch.randn(4, 48, 8, 8), torch.randn(48, 32, 2, 2), torch.randn(4, 32, 16, 16))
+    assert len([k for k, _ in ks if k.kind == "matmul"]) == 3
+    assert not [k for k, s in ks if s.strategy == "loops" and k.kind == "matmul"]
+
+
+# (input shape, weight shape, bias, stride, padding, groups, transposed)
+GROUPED = {
+    "groups 4, 3x3": ((3, 16, 9, 9), (32, 4, 3, 3), True, 1, 1, 4, False),
+    "groups 2, stride 2": ((2, 12, 10, 11), (8, 6, 3, 3), False, 2, 1, 2, False),
+    "groups 4, 1x1": ((4, 32, 5, 5), (64, 8, 1, 1), True, 1, 0, 4, False),
+    "groups 2, 1-d": ((3, 8, 20), (12, 4, 5), True, 1, 2, 2, False),
+    "groups 2, transposed 2x2 stride 2": ((2, 16, 5, 5), (16, 6, 2, 2), True, 2, 0, 2, True),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED))
+def test_grouped_convolution_and_its_gradients_match_eager_at_float64(case):
+    xs, ws, has_bias, stride, padding, groups, transposed = GROUPED[case]
+    g = torch.Generator().manual_seed(len(case))
+    args = [torch.randn(xs, generator=g), torch.randn(ws, generator=g)]
+    args += [torch.randn(ws[1] * groups if transposed else ws[0], generator=g)] if has_bias else []
+    conv = (CONV_T if transposed else CONV)[len(xs) - 2]
+
+    def fn(x, w, b=None):
+        return conv(x, w, b, stride=stride, padding=padding, groups=groups)
+    out, grads = _run(torch.compile(fn, backend="neuron", dynamic=False), args)
+    ref, ref_grads = _run(fn, [a.double() for a in args])
+    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_convolution_is_a_gemm_batched_over_groups():
+    def step(g, x, w):
+        y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4)
+        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4,
+                                                        [True, True, False])
+        return y, gx, gw
+    ks = _kernels(step, torch.randn(8, 64, 8, 8), torch.randn(8, 64, 8, 8), torch.randn(64, 16, 3, 3))
+    gemms = [k for k, s in ks if k.kind == "matmul"]
+    assert len(gemms) == 3 and all(k.attrs["gemm"]["problem"]["batch"] == 4 for k in gemms)
