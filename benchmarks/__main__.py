@@ -18,6 +18,7 @@ Inductor) / ours`` (> 1: we are faster); GEMMs also show GFLOP/s and ours as % o
 
     python -m benchmarks [--threads 1 2] [--only gemm softmax ...] [--skip-heavy] [--out DIR]
     python -m benchmarks --kinds [...]      # op kinds at model sizes instead (benchmarks/op_kinds.py)
+    python -m benchmarks --vision [...]     # CNNs and their layer kinds instead (benchmarks/vision.py)
 
 Writes ``DIR/benchmarks.json`` (every number) and ``DIR/benchmarks.png`` (ratio bars).
 """
@@ -41,6 +42,7 @@ import torch._inductor.utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.op_kinds import kind_workloads  # noqa: E402
+from benchmarks.vision import layer_workloads, model_workloads  # noqa: E402
 from benchmarks.workloads import Workload, workloads  # noqa: E402
 
 BACKENDS = ("eager", "inductor", "neuron")
@@ -75,7 +77,8 @@ def measure(w: Workload, threads: int, min_rounds: int, budget_s: float) -> dict
     steps, cold, errors = {}, {}, {}
     for backend in BACKENDS:
         model = copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn
-        args = tuple(t.detach().clone().requires_grad_(w.train and t.is_floating_point()) for t in inputs)
+        args = tuple(t.detach().clone().requires_grad_(w.train and w.input_grad and t.is_floating_point())
+                     for t in inputs)
         step = _step(_compiled(backend, model), args, w.train)
         # Inductor cold as well: an empty code cache on disk and in memory for each workload (its
         # C++ kernels otherwise come back compiled from an earlier workload or thread count)
@@ -112,6 +115,11 @@ def measure(w: Workload, threads: int, min_rounds: int, budget_s: float) -> dict
         if "neuron" in med and "eager" in med:
             rec["pct_of_torch_mm"] = med["eager"] / med["neuron"]
     return rec
+
+
+def vision_workloads() -> list[Workload]:
+    """``--vision``: ResNet-18, MobileNetV2-style and UNet (inference, training step), then the layer sweep."""
+    return model_workloads() + layer_workloads()
 
 
 def _fmt_ms(s: float | None) -> str:
@@ -187,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", help="run workloads whose name contains any of these words")
     ap.add_argument("--skip-heavy", action="store_true", help="skip GEMM 2048 and GPT-2 (minutes each)")
     ap.add_argument("--kinds", action="store_true", help="run the op-kind workloads (benchmarks/op_kinds.py) instead")
+    ap.add_argument("--vision", action="store_true",
+                    help="run the vision networks and the per-layer sweep (benchmarks/vision.py) instead")
     ap.add_argument("--min-rounds", type=int, default=7)
     ap.add_argument("--budget", type=float, default=3.0, help="seconds of timed rounds per workload (at least)")
     ap.add_argument("--out", default=".", help="directory for benchmarks.json and benchmarks.png")
@@ -207,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("NEURON_CACHE_DIR", tempfile.mkdtemp(prefix="bench-neuron-cache-"))
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="bench-inductor-cache-"))
     torch._inductor.config.fx_graph_cache = False  # Inductor compiles cold too (it bakes thread counts in)
-    pool = kind_workloads() if args.kinds else workloads()
+    pool = kind_workloads() if args.kinds else vision_workloads() if args.vision else workloads()
     chosen = [w for w in pool if (not args.only or any(o in w.name for o in args.only))
               and not (args.skip_heavy and w.heavy)]
     if not chosen:

@@ -24,6 +24,7 @@ class Workload:
     train: bool = False
     flops: int = 0
     heavy: bool = False
+    input_grad: bool = True   # training: whether the inputs require grad (a model's images do not)
 
 
 class CausalAttention(nn.Module):
