@@ -173,6 +173,7 @@ class NeuronBackend:
         from torch._functorch.aot_autograd import aot_module_simplified
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from neuron_compile.compiler import compile_graph
+        from neuron_compile.input_overlap import exact_input_overlap
         from neuron_compile.passes import bounded
         from neuron_compile.passes.aten_checks import check_arguments
         from neuron_compile.passes.decompose import decomposition_table
@@ -208,10 +209,11 @@ class NeuronBackend:
         from torch._dynamo.utils import counters as dynamo_counters
         dynamo_counters["aot_autograd"]["total"] += 1
         try:
-            compiled = aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler("forward"),
-                                             bw_compiler=compiler("backward"),
-                                             inference_compiler=compiler("inference"),
-                                             decompositions=decomposition_table())
+            with exact_input_overlap():   # torch's check misses some overlapping input views
+                compiled = aot_module_simplified(gm, list(example_inputs), fw_compiler=compiler("forward"),
+                                                 bw_compiler=compiler("backward"),
+                                                 inference_compiler=compiler("inference"),
+                                                 decompositions=decomposition_table())
             return bounded.narrow_outputs(compiled, narrows, scalars)
         except (GuardOnDataDependentSymNode, PendingUnbackedSymbolNotFound) as e:
             raise _data_dependent_error(gm, e) from e
