@@ -3,9 +3,11 @@
 An output that shares storage with a graph input is a view of it; one that shares storage with an
 earlier computed node (its *owner*) is a view of that node's buffer: both are rebuilt by the
 runtime with ``as_strided`` (AOTAutograd's aliasing contract) and not computed by the kernel.
-Every other output is a kernel output, written with eager's strides when those are dense. A view of
-a node whose eager strides are not dense (a ``select_scatter`` into a strided input) is a kernel
-output of its own: that node's buffer is written dense, so eager's view strides do not fit it.
+Every other output is a kernel output, written with eager's strides when those are dense. A node
+whose eager strides are not dense but do not overlap (a ``slice_scatter`` into a strided input keeps
+the input's strides) is written dense and *placed* by the runtime into a storage with eager's
+strides, so the node and its views share it as in eager (``OutputSlot.placed``). A view of a node
+whose strides overlap is a kernel output of its own.
 """
 from __future__ import annotations
 
@@ -26,6 +28,19 @@ def storage_of(t: Any):
 
 def _dense(t: torch.Tensor) -> bool:
     return torch._prims_common.is_non_overlapping_and_dense_or_false(t)
+
+
+def _placement(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """Eager's (size, stride, offset) of a value that is not dense but whose strides nest (each
+    larger than the span of the smaller ones: no two elements share memory); else ``None``."""
+    if _dense(t) or any(not isinstance(v, int) for v in (*t.shape, *t.stride())):
+        return None
+    span = 0
+    for n, st in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda p: p[1]):
+        if st <= span:
+            return None
+        span += (n - 1) * st
+    return tuple(t.shape), tuple(t.stride()), int(t.storage_offset())
 
 
 @dataclass
@@ -82,11 +97,12 @@ def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
         elif o in host_index:
             plan.slots.append(OutputSlot("host", index=host_index[o]))
         elif owner is not None and owner is not o and owner.op != "placeholder" and \
-                (owner in host_index or _dense(owner.meta["val"])):
+                (owner in host_index or _dense(owner.meta["val"]) or _placement(owner.meta["val"])):
             base = ("host", host_index[owner]) if owner in host_index else ("kernel", kernel_output(owner))
-            plan.slots.append(OutputSlot("view", base=base, **view))
+            placed = None if owner in host_index else _placement(owner.meta["val"])
+            plan.slots.append(OutputSlot("view", base=base, placed=placed, **view))
         else:
-            plan.slots.append(OutputSlot("kernel", index=kernel_output(o)))
+            plan.slots.append(OutputSlot("kernel", index=kernel_output(o), placed=_placement(val)))
     return plan
 
 

@@ -126,6 +126,9 @@ class OutputSlot:
 
     kind: ``const`` (``value``), ``input``/``host``/``kernel`` (``index``), or ``view`` of
     ``base`` = (kind, index) rebuilt with ``as_strided(size, stride, offset)``.
+    ``placed``: for a kernel output (or a view of one) whose eager strides are not dense, those
+    (size, stride, offset): the runtime copies the dense kernel buffer into a storage laid out so,
+    once per buffer, and every slot of that buffer reads the copy (eager's views of it fit).
     """
 
     kind: str
@@ -135,17 +138,20 @@ class OutputSlot:
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
     offset: int = 0
+    placed: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "index": self.index, "value": encode_value(self.value),
                 "base": list(self.base) if self.base else None, "size": list(self.size),
-                "stride": list(self.stride), "offset": self.offset}
+                "stride": list(self.stride), "offset": self.offset,
+                "placed": [list(self.placed[0]), list(self.placed[1]), self.placed[2]] if self.placed else None}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "OutputSlot":
+        placed = d.get("placed")
         return OutputSlot(d["kind"], d["index"], decode_value(d["value"]),
                           tuple(d["base"]) if d["base"] else None, tuple(d["size"]), tuple(d["stride"]),
-                          d["offset"])
+                          d["offset"], (tuple(placed[0]), tuple(placed[1]), placed[2]) if placed else None)
 
 
 @dataclass

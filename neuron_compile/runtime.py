@@ -175,15 +175,26 @@ class Executable:
             descs += [_descriptor(t, s) for t, s in zip(outs, self.output_specs)]
             self._fn(*[ctypes.byref(d) for d in descs])
         pools = {"input": list(args), "host": host, "kernel": outs}
+        placed: dict[int, torch.Tensor] = {}
+
+        def buffer(kind: str, index: int, placement) -> torch.Tensor:
+            if placement is None:
+                return pools[kind][index]
+            if index not in placed:   # eager's non-dense strides: a copy laid out so, shared by its slots
+                size, stride, offset = placement
+                span = offset + sum((n - 1) * st for n, st in zip(size, stride)) + 1
+                dense = pools[kind][index]
+                placed[index] = torch.empty(span, dtype=dense.dtype).as_strided(size, stride, offset).copy_(dense)
+            return placed[index]
         result: list[Any] = []
         for slot in self.outputs:
             if slot.kind == "const":
                 result.append(slot.value)
             elif slot.kind == "view":
-                base = pools[slot.base[0]][slot.base[1]]
+                base = buffer(*slot.base, slot.placed)
                 result.append(torch.as_strided(base, slot.size, slot.stride, slot.offset))
             else:
-                result.append(pools[slot.kind][slot.index])
+                result.append(buffer(slot.kind, slot.index, slot.placed))
         for check in self.plan.checks:  # e.g. torch.linalg's LinAlgError on a singular matrix
             self._run_host_op(check, inputs, result)
         return result[:len(result) - len(self.plan.checks)] if self.plan.checks else result

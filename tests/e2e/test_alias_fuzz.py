@@ -326,3 +326,19 @@ def test_mutated_input_view_read_through_an_overlapping_view():
             x1.add_(1)
             return x3 + x3, x1 * 2
     """))
+
+
+def test_view_of_a_scatter_into_a_sliced_input_shares_its_storage():
+    # found by a 5,000-program run: slice_scatter keeps the input's non-dense strides (2, 1); the
+    # result was written dense and its view(-1) became a tensor of its own
+    assert_like_eager(_program("""
+        def make_inputs():
+            g = torch.Generator().manual_seed(0)
+            base = torch.randn(3, 2, generator=g)
+            x1 = base[1:, :-1]
+            return [x1], [base]
+    """, """
+        def f(x1):
+            v0 = torch.slice_scatter(x1, x1[0:1] * 3, 0, 0, 1)
+            return v0, v0.view(-1), v0[1]
+    """))
