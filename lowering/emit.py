@@ -153,6 +153,9 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
             declines.append(UnsupportedOp(op_name(node), node.name, user_location(node), rule_file_for(node.target)))
             env[node] = _stand_in(ctx, node.meta["val"])
             continue
+        if _no_elements(node.meta.get("val")):   # nothing to compute (and MLIR rejects some empty slices)
+            env[node] = _stand_in(ctx, node.meta["val"])
+            continue
         fetch = (lambda a: env[a]) if reads_lazy_inputs(node.target) else (lambda a: _materialized(ctx, env, a))
         args = torch.fx.node.map_arg(node.args, fetch)
         kwargs = torch.fx.node.map_arg(node.kwargs, fetch)
@@ -457,6 +460,14 @@ def unrepresentable_nodes(gm: torch.fx.GraphModule) -> list[UnsupportedOp]:
                                        user_location(n), "lowering/ir.py",
                                        f"dtype {str(bad[0]).replace('torch.', '')} is not supported"))
     return found
+
+
+def _no_elements(val: Any) -> bool:
+    """Whether a node's value is an empty tensor, or a tuple of only empty tensors."""
+    if isinstance(val, torch.Tensor):
+        return val.numel() == 0
+    return isinstance(val, (list, tuple)) and bool(val) and all(
+        isinstance(v, torch.Tensor) and v.numel() == 0 for v in val)
 
 
 def _stand_in(ctx: LoweringContext, val: Any) -> Any:

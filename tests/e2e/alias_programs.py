@@ -127,7 +127,7 @@ class _Gen:
 
     def scatter_like(self, a: str, inplace: bool) -> str | None:
         shape, d = self.shape(a), self.draw
-        if len(shape) == 0:
+        if len(shape) == 0 or shape[0] == 0:
             return None
         n, us = shape[0], "_" if inplace else ""
         ex = self.vars[a].group if inplace else None
@@ -155,6 +155,8 @@ class _Gen:
                     + (", accumulate=True)" if acc else ")"))
         if kind == "index_select":
             dim = d(st.integers(0, len(shape) - 1))
+            if shape[dim] == 0:   # (an empty dim: nothing to select)
+                return None
             k = d(st.integers(1, shape[dim]))
             return f"{a}.index_select({dim}, torch.tensor({self.idx(shape[dim], k, False)}))"
         if kind == "slice_scatter":

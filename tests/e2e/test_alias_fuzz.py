@@ -342,3 +342,20 @@ def test_view_of_a_scatter_into_a_sliced_input_shares_its_storage():
             v0 = torch.slice_scatter(x1, x1[0:1] * 3, 0, 0, 1)
             return v0, v0.view(-1), v0[1]
     """))
+
+
+def test_index_add_into_an_empty_view():
+    # found by a 5,000-program run: x0[:, :-1] of a one-column input is 2×0; its index_add failed
+    # in MLIR (an empty slice at an out-of-range offset). A node without elements is now an empty
+    # tensor, not lowered.
+    assert_like_eager(_program("""
+        def make_inputs():
+            g = torch.Generator().manual_seed(0)
+            base = torch.randn(2, 2, generator=g)
+            x0 = base[:, :-1]
+            return [x0], [base]
+    """, """
+        def f(x0):
+            v1 = x0[:, :-1]
+            return v1.index_add(0, torch.tensor([0, 0]), v1), v1.sum(1), x0 * 2
+    """))
