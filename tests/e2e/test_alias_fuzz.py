@@ -158,6 +158,14 @@ _ONE_2x3 = """
 _ONE_2x2 = _ONE_2x3.replace("randn(2, 3", "randn(2, 2")
 
 
+def _views_of_one_base(shape: str, **views: str) -> str:
+    """``make_inputs`` whose inputs are the ``views`` (name=expression of ``base``) of one seeded base."""
+    lines = "".join(f"    {name} = {expr}\n" for name, expr in views.items())
+    return ("def make_inputs():\n    g = torch.Generator().manual_seed(0)\n"
+            f"    base = torch.randn({shape}, generator=g)\n{lines}"
+            f"    return [{', '.join(views)}], [base]\n")
+
+
 def test_views_of_one_base_that_requires_grad_get_its_gradient():
     # found at d9db28b: base.grad wrong (the backward read the saved views at the wrong offsets)
     assert_like_eager(_program("""
@@ -223,13 +231,7 @@ def test_two_views_of_a_matmul_result_are_rebuilt():
 def test_view_of_a_select_scatter_on_a_strided_input():
     # compiled run raised: "setStorage: sizes [3], strides [2], storage offset 2 ... out of bounds
     # for storage of size 16" (the view rebuilt with the strided input's strides on a dense result)
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            base = torch.randn(4, 2, generator=g)
-            x0 = base.select(1, 1)
-            return [x0], [base]
-    """, """
+    assert_like_eager(_program(_views_of_one_base("4, 2", x0="base.select(1, 1)"), """
         def f(x0):
             v = torch.select_scatter(x0, x0[2] * 3, 0, 1)
             return (v[1:],)
@@ -253,28 +255,19 @@ def test_slice_scatter_of_a_strided_input_saved_for_backward():
     """))
 
 
-def test_view_of_a_value_merged_by_cse_shares_its_storage():
-    # found by a 5,000-program run: cse merged v2 = x0 * 2 into the first x0 * 2 (not returned
+@pytest.mark.parametrize("returned", ["v2, v1, v2.view(-1)", "v2.view(-1), v1, v2.view(-1)"],
+                         ids=["value and view", "two views"])
+def test_views_of_a_value_merged_by_cse_share_its_storage(returned):
+    # found by 5,000-program runs: cse merged v2 = x0 * 2 into the first x0 * 2 (not returned
     # itself), and v2.view(-1), whose fake value kept the erased node's storage, came back as an
-    # unrelated tensor
-    assert_like_eager(_program(_ONE_2x2, """
+    # unrelated tensor; then the second of two views was planned as a view of the first, which
+    # became a buffer of its own
+    assert_like_eager(_program(_ONE_2x2, f"""
         def f(x0):
             v1 = x0 * 2
             v1.add_(1)
             v2 = x0 * 2
-            return v2, v1, v2.view(-1)
-    """))
-
-
-def test_two_views_of_a_value_merged_by_cse_share_its_storage():
-    # found by the next 5,000-program run: the second view was planned as a view of the first,
-    # which then became a buffer of its own
-    assert_like_eager(_program(_ONE_2x2, """
-        def f(x0):
-            v1 = x0 * 2
-            v1.add_(1)
-            v2 = x0 * 2
-            return v2.view(-1), v1, v2.view(-1)
+            return {returned}
     """))
 
 
@@ -282,13 +275,7 @@ def test_slice_scatter_into_an_input_that_overlaps_itself():
     # found by a 5,000-program run: eager writes row 0 through the overlapping strides (1, 1)
     # of a copy of the storage, so element [1, 0], which shares row 0's second location, changes
     # too; the lowering wrote the logical slice only
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            base = torch.randn(2, 2, generator=g)
-            x0 = base.as_strided((2, 2), (1, 1))
-            return [x0], [base]
-    """, """
+    assert_like_eager(_program(_views_of_one_base("2, 2", x0="base.as_strided((2, 2), (1, 1))"), """
         def f(x0):
             return torch.slice_scatter(x0, x0[0:1] * 3, 0, 0, 1), torch.select_scatter(x0, x0[1] * 5, 0, 1)
     """))
@@ -298,13 +285,7 @@ def test_slice_scatter_into_an_expanded_input():
     # found by the next 5,000-program run: ATen clones an input that surely overlaps itself (a
     # stride 0) densely, so the write changes the logical slice only; the storage form wrote
     # through the expanded row
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            base = torch.randn(2, 2, generator=g)
-            x3 = base[0].expand(2, 2)
-            return [x3], [base]
-    """, """
+    assert_like_eager(_program(_views_of_one_base("2, 2", x3="base[0].expand(2, 2)"), """
         def f(x3):
             return torch.slice_scatter(x3, x3[0:1] * 3, 0, 0, 1), torch.as_strided_scatter(x3, x3[0] * 5, (2,), (1,))
     """))
@@ -314,14 +295,7 @@ def test_mutated_input_view_read_through_an_overlapping_view():
     # found by a 5,000-program aot_eager run, wrong on aot_eager too: torch's overlap check calls
     # base[:, :-1] and base[1:] disjoint, so AOTAutograd made no synthetic base and x3 was read
     # before the mutation of x1
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            base = torch.randn(3, 2, generator=g)
-            x1 = base[:, :-1]
-            x3 = base[1:]
-            return [x1, x3], [base]
-    """, """
+    assert_like_eager(_program(_views_of_one_base("3, 2", x1="base[:, :-1]", x3="base[1:]"), """
         def f(x1, x3):
             x1.add_(1)
             return x3 + x3, x1 * 2
@@ -331,13 +305,7 @@ def test_mutated_input_view_read_through_an_overlapping_view():
 def test_view_of_a_scatter_into_a_sliced_input_shares_its_storage():
     # found by a 5,000-program run: slice_scatter keeps the input's non-dense strides (2, 1); the
     # result was written dense and its view(-1) became a tensor of its own
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            base = torch.randn(3, 2, generator=g)
-            x1 = base[1:, :-1]
-            return [x1], [base]
-    """, """
+    assert_like_eager(_program(_views_of_one_base("3, 2", x1="base[1:, :-1]"), """
         def f(x1):
             v0 = torch.slice_scatter(x1, x1[0:1] * 3, 0, 0, 1)
             return v0, v0.view(-1), v0[1]
@@ -348,13 +316,7 @@ def test_index_add_into_an_empty_view():
     # found by a 5,000-program run: x0[:, :-1] of a one-column input is 2×0; its index_add failed
     # in MLIR (an empty slice at an out-of-range offset). A node without elements is now an empty
     # tensor, not lowered.
-    assert_like_eager(_program("""
-        def make_inputs():
-            g = torch.Generator().manual_seed(0)
-            base = torch.randn(2, 2, generator=g)
-            x0 = base[:, :-1]
-            return [x0], [base]
-    """, """
+    assert_like_eager(_program(_views_of_one_base("2, 2", x0="base[:, :-1]"), """
         def f(x0):
             v1 = x0[:, :-1]
             return v1.index_add(0, torch.tensor([0, 0]), v1), v1.sum(1), x0 * 2

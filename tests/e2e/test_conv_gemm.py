@@ -53,6 +53,17 @@ def _run(fn, args):
     return out.detach(), [a.grad for a in args]
 
 
+def _assert_like_float64(fn, args, tol=None):
+    """``fn`` compiled against eager at float64: value and the gradient of every argument."""
+    dtype = args[0].dtype
+    tol = tol or dict(rtol=1e-4, atol=1e-4)
+    out, grads = _run(torch.compile(fn, backend="neuron", dynamic=False), args)
+    ref, ref_grads = _run(fn, [a.double() for a in args])
+    torch.testing.assert_close(out, ref.to(dtype), **tol)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want.to(dtype), **tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", list(CASES))
 def test_convolution_and_its_gradients_match_eager_at_float64(case, dtype):
@@ -64,12 +75,7 @@ def test_convolution_and_its_gradients_match_eager_at_float64(case, dtype):
 
     def fn(x, w, b=None):
         return conv(x, w, b, stride=stride, padding=padding, dilation=dilation)
-    out, grads = _run(torch.compile(fn, backend="neuron", dynamic=False), args)
-    ref, ref_grads = _run(fn, [a.double() for a in args])
-    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(out, ref.to(dtype), **tol)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want.to(dtype), **tol)
+    _assert_like_float64(fn, args, None if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10))
 
 
 def _kernels(fn, *args):
@@ -184,11 +190,7 @@ def test_transposed_convolution_and_its_gradients_match_eager_at_float64(case):
 
     def fn(x, w, b=None):
         return conv(x, w, b, stride=stride, padding=padding, output_padding=output_padding, dilation=dilation)
-    out, grads = _run(torch.compile(fn, backend="neuron", dynamic=False), args)
-    ref, ref_grads = _run(fn, [a.double() for a in args])
-    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+    _assert_like_float64(fn, args)
 
 
 def test_transposed_convolution_is_gemms():
@@ -222,11 +224,7 @@ def test_grouped_convolution_and_its_gradients_match_eager_at_float64(case):
 
     def fn(x, w, b=None):
         return conv(x, w, b, stride=stride, padding=padding, groups=groups)
-    out, grads = _run(torch.compile(fn, backend="neuron", dynamic=False), args)
-    ref, ref_grads = _run(fn, [a.double() for a in args])
-    torch.testing.assert_close(out, ref.float(), rtol=1e-4, atol=1e-4)
-    for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4)
+    _assert_like_float64(fn, args)
 
 
 def test_grouped_convolution_is_a_gemm_batched_over_groups():
