@@ -19,7 +19,8 @@ def graph_outputs(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
 
 def returned_storages(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     """The nodes whose storage the graph returns: each output and, through ATen view ops (an
-    ``OpOverload`` whose schema says it aliases its input), the node it is a view of."""
+    ``OpOverload`` whose schema says it aliases its input, and ``_unsafe_view``, which is one
+    without saying so: ``reshape`` of a fresh ``clone``), the node it is a view of."""
     seen: set[torch.fx.Node] = set()
     stack = list(graph_outputs(gm))
     while stack:
@@ -27,8 +28,9 @@ def returned_storages(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "call_function" and getattr(n.target, "is_view", False) and n.args \
-                and isinstance(n.args[0], torch.fx.Node):
+        if n.op == "call_function" and (getattr(n.target, "is_view", False)
+                                        or n.target is torch.ops.aten._unsafe_view.default) \
+                and n.args and isinstance(n.args[0], torch.fx.Node):
             stack.append(n.args[0])
     return seen
 

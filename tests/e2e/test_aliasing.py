@@ -159,3 +159,20 @@ def test_diagonal_of_a_non_contiguous_input(make):
     f = lambda x: (x.diagonal() * 2, x.diagonal(1).exp(), torch.diagonal(x, -1) + 1)  # noqa: E731
     for got, want in zip(torch.compile(f, backend="neuron", dynamic=False)(x), f(x)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("f", [lambda x: (x[1:] * 1,), lambda x: (x.t() / 1,), lambda x: (x.view(-1) - 0,),
+                               lambda x: (x[0].expand(2, 3) * 1,), lambda x: (x * 2, (x * 2) * 1),
+                               lambda x: (x * 2, (x * 2)[1:] ** 1), lambda x: (x.t().reshape(-1), x.t().contiguous())],
+                         ids=["slice*1", "t/1", "view-0", "expand*1", "a,a*1", "a,a[1:]**1", "t.reshape,t.contiguous"])
+def test_arithmetic_identities_and_equal_copies_return_fresh_tensors(f):
+    """Eager's ``x * 1`` (and ``+ 0``, ``/ 1``, ``** 1``, ``contiguous`` of a transposed view) is a new
+    tensor: folding it into ``x`` returned a view of the input, or one output twice."""
+    x = torch.randn(2, 3)
+    outs = neuron_compile(f)(x)
+    want = f(x)
+    for o, w in zip(outs, want):
+        torch.testing.assert_close(o, w, rtol=0, atol=0)
+        assert o.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    ptrs = [o.untyped_storage().data_ptr() for o in outs]
+    assert len(set(ptrs)) == len(ptrs)

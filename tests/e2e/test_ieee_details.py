@@ -64,3 +64,11 @@ def test_reduced_precision_takes_its_other_operand_rounded_first(name, fn, dtype
     before its kernel computes in float32; the compiled call rounds it the same way."""
     h = (torch.linspace(-20, 20, 1001, dtype=torch.float64) * 1.3).to(dtype)
     torch.testing.assert_close(neuron_compile(fn)(h), fn(h), rtol=0, atol=0)
+
+
+def test_adding_zero_turns_negative_zero_positive():
+    """``-0.0 + 0.0`` is ``+0.0``: ``x + 0`` is no identity for floats (``x - 0`` is)."""
+    x = torch.tensor([-0.0, 1.0, -0.0])
+    f = lambda x: ((x * 2) + 0, (x * 2) - 0)   # noqa: E731
+    for got, want in zip(neuron_compile(f)(x), f(x)):
+        assert torch.equal(torch.signbit(got), torch.signbit(want))

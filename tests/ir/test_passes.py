@@ -46,8 +46,11 @@ def test_fold_views_keeps_a_view_of_an_input_that_is_an_output():
 
 
 def test_fold_identity_arith_drops_mul_by_one_but_not_broadcasts_or_promotions():
-    gm, changed = run_pass("fold-identity-arith", lambda x: (x * 1 + 0) / 1 - 0 + x, torch.randn(3))
-    assert changed and targets(gm) == ["aten.add.Tensor"]
+    gm, changed = run_pass("fold-identity-arith", lambda x: ((x * 1 + 0) / 1 - 0 + x) * 2, torch.randn(3))
+    # x + 0.0 stays: it turns -0.0 into +0.0 (x - 0.0 and x + (-0.0) are the identity)
+    assert changed and targets(gm) == ["aten.add.Tensor", "aten.add.Tensor", "aten.mul.Tensor"]
+    gm, _ = run_pass("fold-identity-arith", lambda x: (x + -0.0) * 2, torch.randn(3))
+    assert targets(gm) == ["aten.mul.Tensor"]
     gm, _ = run_pass("fold-identity-arith", lambda x, y: x * 1 + y, torch.randn(3), torch.randn(3))
     assert "aten.mul.Tensor" not in targets(gm)
     gm2, _ = run_pass("fold-identity-arith", lambda i: i * 1.0, torch.arange(3))  # int * float promotes
