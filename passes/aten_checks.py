@@ -5,7 +5,8 @@ Fake-tensor tracing uses meta functions, and some of ATen's checks exist only in
 raises ``RuntimeError: expected m1 and m2 to have the same dtype``; ``softmax`` of an integer
 tensor and ``fill_(300)`` or ``F.pad(value=300)`` of a uint8 one return values where eager
 raises. :func:`check_arguments` calls each such op of the graph (:data:`PROBED`: the matmul
-family of ``aten/src/ATen/native/Blas.cpp`` and ``LinearAlgebra.cpp``, softmax, fill; and the ops we decompose whose CPU kernels implement only
+family of ``aten/src/ATen/native/Blas.cpp`` and ``LinearAlgebra.cpp``, softmax, fill, the view scatters'
+source shapes; and the ops we decompose whose CPU kernels implement only
 some dtypes, :data:`DTYPE_LIMITED`: special functions, orthogonal polynomials, 3-D average pooling,
 antialiased resize) once on all-ones tensors of the same dtypes and ranks, every dim 1 (the real
 shapes for :data:`SHAPED` ops), so shapes always agree and only the dtype and value checks can fire. An exception becomes an
@@ -55,14 +56,20 @@ DTYPE_LIMITED = frozenset(
 # index_put may come from a decomposition, not from the user.
 BOUNDED = frozenset({torch.clamp, torch.clip, torch.clamp_min, torch.clamp_max, aten.clamp.default,
                      aten.clamp_min.default, aten.clamp_max.default})
-PROBED = PROBED | DTYPE_LIMITED | BOUNDED | {torch.index_put}
+# View scatters whose src does not have the view's shape ("expected src to have a size equal to the
+# slice of self"): the meta functions do not compare them. Probed at the real shapes; not
+# as_strided_scatter, whose view is placed in the real input's storage.
+VIEW_SCATTERS = frozenset({torch.slice_scatter, torch.select_scatter, torch.diagonal_scatter,
+                           aten.slice_scatter.default, aten.select_scatter.default, aten.diagonal_scatter.default,
+                           "slice_scatter", "select_scatter", "diagonal_scatter"})
+PROBED = PROBED | DTYPE_LIMITED | BOUNDED | {torch.index_put} | VIEW_SCATTERS
 # probed at the real shapes (their checks also compare sizes with the kernel and output sizes)
 SHAPED = frozenset({F.avg_pool3d, aten.avg_pool3d.default, F.interpolate, aten._upsample_bilinear2d_aa.default,
-                    aten._upsample_bicubic2d_aa.default})
+                    aten._upsample_bicubic2d_aa.default}) | VIEW_SCATTERS
 PROBED_METHODS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul",
                             "__matmul__", "softmax", "log_softmax", "i0", "erfinv", "clamp", "clamp_", "clip",
                             "clip_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "index_put",
-                            "index_put_"})
+                            "index_put_", "slice_scatter", "select_scatter", "diagonal_scatter"})
 # Fills whose value must fit the dtype (uint8 300, float16 1e5). Probed on 2 elements: ATen's
 # one-element fill path skips the overflow check for float16/bfloat16.
 FILLS = frozenset({aten.fill.Scalar, aten.masked_fill.Scalar, torch.full, torch.full_like, torch.fill,

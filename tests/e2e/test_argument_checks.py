@@ -147,3 +147,16 @@ def test_a_matmul_of_mixed_dtypes_inside_autocast_compiles():
     out, grad = run(neuron_compile(f))
     torch.testing.assert_close(out, eager_out, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("f", [lambda x, s: torch.diagonal_scatter(x, s), lambda x, s: torch.slice_scatter(x, x, 0, 0, 2),
+                               lambda x, s: x.select_scatter(s, 0, 1)],
+                         ids=["diagonal_scatter", "slice_scatter", "select_scatter"])
+def test_a_view_scatter_whose_source_has_the_wrong_shape_raises_as_eager(f):
+    """The meta functions do not compare src with the view's shape; eager's kernels do."""
+    x, s = torch.zeros(3, 3), torch.tensor([5.0, 6.0])
+    with pytest.raises(RuntimeError) as eager:
+        f(x, s)
+    with pytest.raises(RuntimeError, match="size") as ours:
+        neuron_compile(f)(x, s)
+    assert str(eager.value).splitlines()[0] in str(ours.value)
