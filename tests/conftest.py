@@ -37,6 +37,8 @@ def pytest_addoption(parser):
                          "full: every sample of every case (run with -n 2; prints the coverage table)")
     group.addoption("--opinfo-dtypes", default="float32,int64,bool,float16,bfloat16",
                     help="comma-separated dtypes to sweep (default: float32,int64,bool,float16,bfloat16)")
+    group.addoption("--opinfo-part", default="0/1", metavar="K/N",
+                    help="only the ops whose name's CRC is K modulo N (a fixed share of the cases; default 0/1: all)")
     group.addoption("--opinfo-collect", action="store_true",
                     help="rewrite tests/opinfo/expectations.py from this run's outcomes instead of "
                          "checking them (wrong results and crashes still fail)")

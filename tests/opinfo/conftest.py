@@ -17,7 +17,8 @@ def pytest_generate_tests(metafunc):
     cfg = metafunc.config
     dtypes = tuple(getattr(torch, d.strip()) for d in cfg.getoption("--opinfo-dtypes").split(","))
     full = cfg.getoption("--opinfo") == "full"
-    cs = [c for c in harness.cases(dtypes) if full or harness.in_ci_sample(*c)]
+    part = harness.OpShare.parse(cfg.getoption("--opinfo-part"))
+    cs = [c for c in harness.cases(dtypes) if (full or harness.in_ci_sample(*c)) and part.holds(c[0])]
     metafunc.parametrize("opinfo_case", cs,
                          ids=[f"{harness.op_id(o)}-{table.DTYPE_NAMES[d]}" for o, d in cs])
 

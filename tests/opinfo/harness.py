@@ -20,6 +20,7 @@ import signal
 import zlib
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 import torch.testing._internal.common_methods_invocations as _cmi
 from torch.testing._internal.common_methods_invocations import op_db
@@ -113,6 +114,27 @@ def in_ci_sample(opinfo, dtype) -> bool:
     if dtype in (F16, BF16):
         return crc % 8 == (1 if dtype == F16 else 2)
     return crc % 3 == 0
+
+
+@dataclass(frozen=True)
+class OpShare:
+    """``--opinfo-part K/N``: the ops whose name's CRC is ``K`` modulo ``N`` (the N parts are disjoint
+    and cover every op; the newest-torch stage of ``.ci/run`` sweeps one part)."""
+    k: int
+    n: int
+
+    @classmethod
+    def parse(cls, text: str) -> "OpShare":
+        try:
+            k, n = (int(v) for v in text.split("/"))
+        except ValueError:
+            raise pytest.UsageError(f"--opinfo-part takes K/N (two integers), got {text!r}") from None
+        if not 0 <= k < n:
+            raise pytest.UsageError(f"--opinfo-part K/N needs 0 <= K < N, got {text!r}")
+        return cls(k, n)
+
+    def holds(self, opinfo) -> bool:
+        return zlib.crc32(op_id(opinfo).encode()) % self.n == self.k
 
 
 def tolerances(opinfo, dtype) -> tuple[float | None, float | None]:
