@@ -14,7 +14,8 @@ pays for part of the previous backend's write-backs (layer_norm 4096×1024 timed
 6–14 % slower than in a later position; ``benchmarks/HISTORY.md``); ours runs after Inductor,
 whose stores are normal. Freed memory is
 kept in the process for every backend alike (:func:`steady_malloc`). Ratios are ``best of (eager,
-Inductor) / ours`` (> 1: we are faster); GEMMs also show GFLOP/s and ours as % of ``torch.mm`` (eager).
+Inductor) / ours`` (> 1: we are faster); GEMMs also show GFLOP/s and ours as % of ``torch.mm`` (eager);
+``loops`` is the share of our step's kernel time in kernels without a schedule (:func:`loops_share`).
 
     python -m benchmarks [--threads 1 2] [--only gemm softmax ...] [--skip-heavy] [--out DIR]
     python -m benchmarks --kinds [...]      # op kinds at model sizes instead (benchmarks/op_kinds.py)
@@ -104,8 +105,10 @@ def measure(w: Workload, threads: int, min_rounds: int, budget_s: float) -> dict
             samples[backend].append(time.perf_counter() - t0)
         rounds += 1
     med = {b: statistics.median(s) for b, s in samples.items()}
+    loops = loops_share(w, fn, inputs) if "neuron" in steps else None
     rec: dict[str, Any] = {"workload": w.name, "group": w.group, "threads": threads, "train": w.train,
-                           "rounds": rounds, "median_s": med, "cold_s": cold, "errors": errors}
+                           "rounds": rounds, "median_s": med, "cold_s": cold, "errors": errors,
+                           "loops_share": loops}
     best = min((med[b] for b in ("eager", "inductor") if b in med), default=None)
     if best is not None and "neuron" in med:
         rec["ratio_vs_best"] = best / med["neuron"]
@@ -115,6 +118,24 @@ def measure(w: Workload, threads: int, min_rounds: int, budget_s: float) -> dict
         if "neuron" in med and "eager" in med:
             rec["pct_of_torch_mm"] = med["eager"] / med["neuron"]
     return rec
+
+
+def loops_share(w: Workload, fn: Any, inputs: tuple) -> float:
+    """The share of a step's kernel time spent in ``loops`` kernels (no schedule: issue 41 wants
+    at most 5 % for a model), from a profiled copy (``options={"profile": True}``, compiled
+    separately; :mod:`neuron_compile.profile`) over 3 steps after one warm-up step."""
+    from neuron_compile import profile
+    model = copy.deepcopy(fn) if isinstance(fn, torch.nn.Module) else fn
+    args = tuple(t.detach().clone().requires_grad_(w.train and w.input_grad and t.is_floating_point())
+                 for t in inputs)
+    step = _step(torch.compile(model, backend="neuron", dynamic=False, options={"profile": True}), args, w.train)
+    step()
+    profile.reset()
+    for _ in range(3):
+        step()
+    seconds = profile.seconds_by_schedule()
+    profile.reset()   # (the tables printed at exit would otherwise repeat these runs)
+    return seconds.get("loops", 0.0) / (sum(seconds.values()) or 1.0)
 
 
 def vision_workloads() -> list[Workload]:
@@ -128,7 +149,7 @@ def _fmt_ms(s: float | None) -> str:
 
 def print_table(records: list[dict[str, Any]]) -> None:
     print(f"\n{'workload':<36} {'thr':>3} {'eager ms':>9} {'induct ms':>9} {'neuron ms':>9} "
-          f"{'best/ours':>9} {'GFLOP/s':>8} {'%torch.mm':>9} {'cold ours s':>11} {'cold ind s':>10}")
+          f"{'best/ours':>9} {'GFLOP/s':>8} {'%torch.mm':>9} {'cold ours s':>11} {'cold ind s':>10} {'loops':>6}")
     for r in records:
         m, c = r["median_s"], r["cold_s"]
         ratio = f"{r['ratio_vs_best']:9.2f}" if "ratio_vs_best" in r else f"{'-':>9}"
@@ -136,8 +157,9 @@ def print_table(records: list[dict[str, Any]]) -> None:
         pct = f"{r['pct_of_torch_mm']:9.0%}" if "pct_of_torch_mm" in r else f"{'':>9}"
         cn = f"{c['neuron']:11.2f}" if "neuron" in c else f"{'-':>11}"
         ci = f"{c['inductor']:10.2f}" if "inductor" in c else f"{'-':>10}"
+        loops = f"{r['loops_share']:6.1%}" if r.get("loops_share") is not None else f"{'-':>6}"
         print(f"{r['workload']:<36.36} {r['threads']:>3} {_fmt_ms(m.get('eager'))} {_fmt_ms(m.get('inductor'))} "
-              f"{_fmt_ms(m.get('neuron'))} {ratio} {gf} {pct} {cn} {ci}")
+              f"{_fmt_ms(m.get('neuron'))} {ratio} {gf} {pct} {cn} {ci} {loops}")
         for b, e in r["errors"].items():
             print(f"{'':<36}     {b} failed: {e}")
 

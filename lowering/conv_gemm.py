@@ -241,21 +241,33 @@ def grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
             return None
         return conv_grouped.grad_weight(ctx, g, x, w_shape, groups, ks, stride, padding, dilation)
     if _folds_batch(ctx, cols, dtype):
-        if not gemm_applies(ctx, oc, rows, n * cols, 0, dtype):
-            return None
         # the rows form (see forward): one GEMM over the batch's positions, K = N·OH·OW, where a
         # product per image would have K = OH·OW and a sum over images after it
-        g_t = ctx.reshape(ctx.permute(ctx.reshape(g, (n, oc, cols)), (1, 0, 2)), (oc, n * cols))
-        gw = ctx.matmul(g_t, im2col_rows(ctx, x, ks, g.shape[2:], stride, padding, dilation), dtype)
-        return ctx.reshape(gw, tuple(w_shape))
+        cols_rows = im2col_rows(ctx, x, ks, g.shape[2:], stride, padding, dilation)
+        if gemm_applies(ctx, oc, rows, n * cols, 0, dtype):
+            g_t = ctx.reshape(ctx.permute(ctx.reshape(g, (n, oc, cols)), (1, 0, 2)), (oc, n * cols))
+            return ctx.reshape(ctx.matmul(g_t, cols_rows, dtype), tuple(w_shape))
+        if not gemm_applies(ctx, rows, oc, n * cols, 0, dtype):
+            return None
+        # fewer input rows than a register tile's columns: the transposed product, transposed back
+        g_rows = ctx.reshape(ctx.permute(ctx.reshape(g, (n, oc, cols)), (0, 2, 1)), (n * cols, oc))
+        gw_t = ctx.matmul(cols_rows, g_rows, dtype, trans_a=True)
+        return ctx.reshape(ctx.permute(gw_t, (1, 0)), tuple(w_shape))
     if implicit_gemm.applies_to(x.rank, stride, groups) and \
             (gw := implicit_gemm.weight_grad(ctx, g, x, w_shape, padding, dilation)) is not None:
         return gw
-    if not gemm_applies(ctx, oc, rows, cols, n if n > 1 else 0, dtype):
+    swap = not gemm_applies(ctx, oc, rows, cols, n if n > 1 else 0, dtype)
+    if swap and not gemm_applies(ctx, rows, oc, cols, n if n > 1 else 0, dtype, trans_b=True):
         return None
     col = _images(ctx, im2col(ctx, x, ks, g.shape[2:], stride, padding, dilation))
-    per_image = ctx.matmul(_images(ctx, ctx.reshape(g, (n, oc, cols))), col, dtype, trans_b=True)
+    g_images = _images(ctx, ctx.reshape(g, (n, oc, cols)))
+    # fewer input rows (C·KK) than a register tile has columns (MobileNet's 1×1 expansions, 16 or
+    # 24 channels in): the transposed product cols @ gᵀ [C·KK, OC], transposed back after the sum
+    per_image = (ctx.matmul(col, g_images, dtype, trans_b=True) if swap
+                 else ctx.matmul(g_images, col, dtype, trans_b=True))
     if per_image.rank == 3:
         per_image = ctx.materialize(ctx.cast(ctx.reduce(per_image, [0], False, 0, lambda b, a, v: b.add(a, v),
                                                         dtype), dtype))
+    if swap:
+        per_image = ctx.permute(per_image, (1, 0))
     return ctx.reshape(per_image, tuple(w_shape))

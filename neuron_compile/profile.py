@@ -6,8 +6,10 @@ the wall time since the previous tick to slot ``k``. So a kernel's time includes
 (bufferization copies, allocation) between it and the previous kernel, and the last slot holds
 what follows the last kernel (output copies). Like Inductor's profiler output it is a table per
 graph: kernel id, kind, schedule, the ATen ops it fused, calls, time, share and achieved GFLOP/s
-(matmuls) or GB/s (everything else; each operand read or written once). The tables print to
-stderr at exit and are returned by :func:`report`.
+(matmuls) or GB/s (everything else; each operand read or written once), and a flag on the rows
+to look at first (:func:`flag`: a ``loops`` kernel with a large share, a rate under 1 GB/s). The
+tables print to stderr at exit and are returned by :func:`report`; :func:`seconds_by_schedule`
+sums them per schedule (``python -m benchmarks`` reports each workload's share in ``loops``).
 """
 from __future__ import annotations
 
@@ -85,19 +87,50 @@ def rows(exe: Any) -> list[dict[str, Any]]:
     return out
 
 
+SLOW_GBPS = 1.0          # a kernel moving less than this per second is flagged (issue 41: "no silent cliffs")
+FLAG_SHARE = 0.05        # ... as is a ``loops`` kernel taking at least this share of its graph
+
+
+def flag(row: dict[str, Any]) -> str:
+    """Why a profile row deserves a look, or ``""``: a ``loops`` kernel (no schedule: LLVM's own
+    vectorizer over plain loops) with at least :data:`FLAG_SHARE` of its graph's time, or a kernel
+    under :data:`SLOW_GBPS` (bytes read and written once each) that takes at least 0.1 ms a call."""
+    if row["kernel"] == "-" or not row["calls"]:
+        return ""
+    if row["schedule"] == "loops" and row["share"] >= FLAG_SHARE:
+        return "loops"
+    per_call = row["seconds"] / row["calls"]
+    if row["rate"].endswith("GB/s") and float(row["rate"].split()[0]) < SLOW_GBPS and per_call >= 1e-4:
+        return "slow"
+    return ""
+
+
+def seconds_by_schedule() -> dict[str, float]:
+    """Kernel seconds per schedule (``loops``, ``matmul``, ...) summed over every profiled
+    executable alive in this process since the last :func:`reset`; the time after each graph's
+    last kernel is under ``""``. A benchmark's share of ``loops`` time is ``d["loops"] / sum(d.values())``."""
+    with _lock:
+        exes = list(_profiled)
+    out: dict[str, float] = {}
+    for e in exes:
+        for r in rows(e):
+            out[r["schedule"]] = out.get(r["schedule"], 0.0) + r["seconds"]
+    return out
+
+
 def table(exe: Any) -> str:
     """The profile of one executable as a text table, slowest kernels first."""
     rs = sorted(rows(exe), key=lambda r: -r["seconds"])
     calls = max((r["calls"] for r in rs), default=0)
     head = f"neuron-compile profile: {exe.name} ({calls} call{'s' if calls != 1 else ''})"
     lines = [head, f"{'kernel':>6} {'kind':<10} {'schedule':<16} {'loops':<16} {'ms/call':>9} {'share':>6} "
-                   f"{'rate':>16}  ATen ops"]
+                   f"{'rate':>16} {'flag':<5}  ATen ops"]
     for r in rs:
         per = r["seconds"] / r["calls"] * 1e3 if r["calls"] else 0.0
         ops = ", ".join(o.removeprefix("aten.") for o in r["ops"])
         lines.append(f"{r['kernel']!s:>6} {r['kind']:<10.10} {r['schedule']:<16.16} {r['ranges']:<16.16} {per:>9.3f} "
                      f"{r['share']:>6.1%} "
-                     f"{r['rate']:>16}  {ops[:100]}")
+                     f"{r['rate']:>16} {flag(r):<5}  {ops[:100]}")
     return "\n".join(lines)
 
 

@@ -23,10 +23,15 @@ def _geometry(ctx: LoweringContext, x: TensorValue, w: TensorValue, stride, padd
     nest: (n, oc, out spatial..., ic per group, kernel spatial...)."""
     k = x.rank - 2
     stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
-    if any(padding):
-        padded_shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * padding[i] for i in range(k)]
-        x = ctx.insert_slice(x, ctx.fill(padded_shape, x.dtype, 0), [0, 0] + list(padding))
-    return (x, padding, *_maps(k, w, stride, dilation, groups))
+    return (_padded(ctx, x, padding), padding, *_maps(k, w, stride, dilation, groups))
+
+
+def _padded(ctx: LoweringContext, x: TensorValue, padding) -> TensorValue:
+    """``x`` [N, C, spatial...] zero-padded by ``padding[i]`` on both sides of spatial dim i."""
+    if not any(padding):
+        return x
+    shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * p for i, p in enumerate(padding)]
+    return ctx.insert_slice(x, ctx.fill(shape, x.dtype, 0), [0, 0] + list(padding))
 
 
 def _maps(k: int, w: TensorValue, stride, dilation, groups: int):
@@ -99,6 +104,61 @@ def _grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w: Tensor
                     g.dtype)
 
 
+def _depthwise(x: TensorValue, groups: int) -> bool:
+    """One input channel per group (MobileNet's 3×3 layers): each gradient is a small per-channel
+    window sum, written as a gather below (the GEMM forms do not apply: a 1×KK product per channel)."""
+    return groups > 1 and x.shape[1] == groups
+
+
+def _depthwise_grad_input(ctx: LoweringContext, grad: TensorValue, w: TensorValue, in_shape, stride, padding,
+                          dilation, groups: int) -> TensorValue | None:
+    """The input gradient of a depthwise convolution as a forward depthwise convolution (a gather:
+    every input element reads its window; the scatter form ran as sequential loops): ``grad``
+    spread to stride 1 (zeros between its elements) and zero-padded by ``d·(K-1) - p`` on the left,
+    convolved with the kernel flipped in space, its OC = C·m channels as C groups of m input
+    channels (the transposed convolution's identity, as in :func:`lower_convolution_backward`).
+    ``None`` where the padding exceeds ``d·(K-1)`` (a crop would be needed; the scatter is kept)."""
+    k = grad.rank - 2
+    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    ks, c, oc = list(w.shape[2:]), in_shape[1], w.shape[0]
+    m = oc // c
+    left = [d * (kk - 1) - p for d, kk, p in zip(dilation, ks, padding)]
+    if min(left) < 0:
+        return None
+    full = [in_shape[2 + i] + dilation[i] * (ks[i] - 1) for i in range(k)]
+    spread = ctx.insert_slice(grad, ctx.fill([grad.shape[0], oc, *full], grad.dtype, 0), [0, 0] + left,
+                              [1, 1] + stride)
+    flip = affine_map(2 + k, [f"d0 * {m} + d1", "0"] + [f"{ks[i] - 1} - d{2 + i}" for i in range(k)])
+    w_flip = ctx.generic([w], [flip], ctx.empty([c, m, *ks], w.dtype), ctx.identity_map(2 + k),
+                         ["parallel"] * (2 + k), lambda b, args: args[0])
+    acc = _acc(grad.dtype)
+    out = _forward(ctx, spread, w_flip, ctx.fill(list(in_shape), acc, 0), [1] * k, [0] * k, dilation, c)
+    return ctx.cast(out, grad.dtype)
+
+
+def _depthwise_grad_weight(ctx: LoweringContext, grad: TensorValue, x: TensorValue, w_shape, stride, padding,
+                           dilation, groups: int) -> TensorValue:
+    """The weight gradient of a depthwise convolution, one window sum per (channel, kernel offset)
+    with the weight's dims outside and the image's inside (the innermost loop walks a row of both
+    operands, where :func:`_grad_weight`'s order keeps the weight's dims innermost)."""
+    k = x.rank - 2
+    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    x_pad = _padded(ctx, x, padding)
+    m = w_shape[0] // groups
+    loops = 2 + 2 * k   # (oc, kernel spatial..., n, out spatial...)
+    kk = [f"d{1 + i}" for i in range(k)]
+    o = [f"d{2 + k + i}" for i in range(k)]
+    n = f"d{1 + k}"
+    g_map = affine_map(loops, [n, "d0"] + o)
+    x_map = affine_map(loops, [n, f"d0 floordiv {m}" if m > 1 else "d0"]
+                       + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
+    w_map = affine_map(loops, ["d0"] + kk)
+    acc = _acc(grad.dtype)
+    out = ctx.generic([grad, x_pad], [g_map, x_map], ctx.fill([w_shape[0], *w_shape[2:]], acc, 0), w_map,
+                      ["parallel"] * (1 + k) + ["reduction"] * (1 + k), _mac(acc), attrs={"combiner": True})
+    return ctx.reshape(ctx.cast(out, grad.dtype), tuple(w_shape))
+
+
 @register_lowering(aten.convolution.default)
 def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
                       transposed: bool, output_padding, groups: int) -> TensorValue:
@@ -153,6 +213,9 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     elif output_mask[0] and (gx := conv_gemm.grad_input(ctx, grad, w, x.shape, stride, padding, dilation,
                                                         groups)) is not None:
         results.append(gx)
+    elif output_mask[0] and _depthwise(x, groups) and (
+            gx := _depthwise_grad_input(ctx, grad, w, x.shape, stride, padding, dilation, groups)) is not None:
+        results.append(gx)
     elif output_mask[0]:
         x_pad, pad, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
         gx = ctx.generic([grad, w], [g_map, w_map], ctx.fill(list(x_pad.shape), acc, 0), x_map,
@@ -164,6 +227,8 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
     if output_mask[1] and not transposed and (gw := conv_gemm.grad_weight(ctx, grad, x, w.shape, stride, padding,
                                                                          dilation, groups)) is not None:
         results.append(gw)
+    elif output_mask[1] and not transposed and _depthwise(x, groups):
+        results.append(_depthwise_grad_weight(ctx, grad, x, w.shape, stride, padding, dilation, groups))
     elif output_mask[1] and transposed and (gw := conv_gemm.grad_weight(ctx, x, grad, w.shape, stride, padding,
                                                                        dilation, groups)) is not None:
         results.append(gw)   # conv's weight gradient with x as the output gradient, grad as the input

@@ -107,8 +107,9 @@ def strategies() -> tuple[Strategy, ...]:
     from neuron_compile.codegen.strategies.matmul import MatmulTiled
     from neuron_compile.codegen.strategies.transpose import TransposeTiles
     from neuron_compile.codegen.strategies.vector import ColumnReduction, CopyRows, Pointwise, RowReduction
-    return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), CopyRows(), TransposeTiles(),
-            ForallLoop(), Loops())
+    from neuron_compile.codegen.strategies.window import WindowReduction
+    return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), WindowReduction(), CopyRows(),
+            TransposeTiles(), ForallLoop(), Loops())
 
 
 def strategy_named(name: str) -> Strategy:

@@ -56,3 +56,24 @@ def test_fused_chain_members_name_the_kernel_holding_their_time(tmp_path):
     assert len(holders) == 1 and holders[0]["rate"].endswith("GB/s")
     assert all(r["rate"] == f"(in kernel {holders[0]['kernel']})" for r in fused if r is not holders[0])
     profile.reset()
+
+
+def test_loops_kernels_are_flagged_and_summed_per_schedule(tmp_path):
+    # every kernel forced onto loops: all the kernel time is under "loops", and a kernel with a
+    # large share of its graph carries the loops flag in the table
+    from neuron_compile import profile
+    profile.reset()
+    x = torch.randn(256, 512)
+    compiled = neuron_compile(lambda t: (t.exp() * 2).sum(-1), options={
+        "profile": True, "cache_dir": str(tmp_path), "schedule": '{"*": "loops"}'})
+    for _ in range(3):
+        out = compiled(x)
+    torch.testing.assert_close(out, (x.exp() * 2).sum(-1), rtol=1e-5, atol=1e-4)
+    seconds = profile.seconds_by_schedule()
+    assert seconds["loops"] > 0 and {k for k, v in seconds.items() if v} <= {"loops", ""}
+    exe = [e for e in profile._profiled if e.profile is not None and any(r["calls"] for r in profile.rows(e))][-1]
+    rows = [r for r in profile.rows(exe) if r["kernel"] != "-"]
+    assert any(profile.flag(r) == "loops" for r in rows)
+    assert "loops" in profile.table(exe).splitlines()[2]
+    profile.reset()
+    assert sum(profile.seconds_by_schedule().values()) == 0

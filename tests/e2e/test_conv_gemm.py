@@ -43,6 +43,9 @@ CASES = {
     "3x3 stride 2 to 3x3": ((5, 16, 6, 6), (72, 16, 3, 3), False, 2, 1, 1),
     "1x1 stride 2 at 5x5": ((3, 32, 5, 5), (64, 32, 1, 1), True, 2, 0, 1),
     "1-d, 5 positions": ((4, 24, 5), (64, 24, 3), True, 1, 1, 1),
+    # fewer input rows (C·KK) than a register tile's columns: the weight gradient's product transposed
+    "1x1 few inputs": ((4, 16, 9, 9), (48, 16, 1, 1), False, 1, 0, 1),
+    "1x1 few inputs at 4x4": ((8, 16, 4, 4), (48, 16, 1, 1), True, 1, 0, 1),
 }
 
 
@@ -211,6 +214,12 @@ GROUPED = {
     "groups 4, 1x1": ((4, 32, 5, 5), (64, 8, 1, 1), True, 1, 0, 4, False),
     "groups 2, 1-d": ((3, 8, 20), (12, 4, 5), True, 1, 2, 2, False),
     "groups 2, transposed 2x2 stride 2": ((2, 16, 5, 5), (16, 6, 2, 2), True, 2, 0, 2, True),
+    # depthwise (one input channel per group): the gradients as gathers
+    "depthwise 3x3": ((3, 8, 9, 9), (8, 1, 3, 3), True, 1, 1, 8, False),
+    "depthwise 3x3 stride 2": ((2, 8, 10, 9), (8, 1, 3, 3), False, 2, 1, 8, False),
+    "depthwise multiplier 2, 1-d": ((3, 4, 20), (8, 1, 5), True, 1, 2, 4, False),
+    "depthwise padding beyond the kernel": ((2, 4, 7, 7), (4, 1, 3, 3), False, 1, 3, 4, False),
+    "depthwise 3-d stride 2": ((2, 3, 6, 6, 6), (3, 1, 3, 3, 3), True, 2, 1, 3, False),
 }
 
 
@@ -236,3 +245,18 @@ def test_grouped_convolution_is_a_gemm_batched_over_groups():
     ks = _kernels(step, torch.randn(8, 64, 8, 8), torch.randn(8, 64, 8, 8), torch.randn(64, 16, 3, 3))
     gemms = [k for k, s in ks if k.kind == "matmul"]
     assert len(gemms) == 3 and all(k.attrs["gemm"]["problem"]["batch"] == 4 for k in gemms)
+
+
+def test_depthwise_gradients_read_windows_and_the_weight_gradient_is_vectorized():
+    def backward(g, x, w):
+        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 32,
+                                                        [True, True, False])
+        return gx, gw
+    ks = _kernels(backward, torch.randn(4, 32, 14, 14), torch.randn(4, 32, 14, 14), torch.randn(32, 1, 3, 3))
+    reductions = {s.strategy: k for k, s in ks if k.kind == "reduction"}
+    # the weight gradient sums rows of g·x windows in registers; the input gradient is a forward
+    # depthwise convolution of g with the flipped kernel (every loop but the window's parallel:
+    # no accumulating scatter)
+    assert set(reductions) == {"window-reduction", "loops"}
+    assert reductions["window-reduction"].ranges == (32, 3, 3, 4, 14, 14)
+    assert reductions["loops"].iterators[:4] == ("parallel",) * 4
