@@ -21,17 +21,14 @@ from typing import ClassVar, Mapping
 import torch
 
 from neuron_compile.codegen.kernels import KernelInfo
-from neuron_compile.codegen.strategies.vector import (FRAGMENTS, MIN_ELEMENTS, WINDOW_ROW, _extent_in_tile,
-                                                      _forall_over)
-from neuron_compile.codegen.strategy import Schedule, Slot, TargetInfo
-from neuron_compile.codegen.transform import ANY, VECTOR_CLEANUP, SequenceWriter
+from neuron_compile.codegen.strategies.vector import MIN_ELEMENTS, WINDOW_ROW, _forall_over, _VectorStrategy
+from neuron_compile.codegen.strategy import Schedule, TargetInfo
+from neuron_compile.codegen.transform import ANY, SequenceWriter
 
 
-class WindowReduction:
+class WindowReduction(_VectorStrategy):
     name: ClassVar[str] = "window-reduction"
     kinds: ClassVar[frozenset[str]] = frozenset({"reduction"})
-    fragments: ClassVar[Mapping[Slot, str]] = FRAGMENTS
-    cleanup: ClassVar[str] = VECTOR_CLEANUP
 
     def select(self, k: KernelInfo, target: TargetInfo) -> Schedule | None:
         if k.kind != "reduction" or k.gather or not k.attrs.get("combiner") or math.prod(k.ranges) < MIN_ELEMENTS:
@@ -42,28 +39,22 @@ class WindowReduction:
             return None
         if any(o.dtype in (torch.float16, torch.bfloat16) for o in k.operands):
             return None   # (half precision stays scalar: see vector.classify)
-        par = [d for d, it in enumerate(k.iterators) if it == "parallel" and k.ranges[d] > 1]
-        return Schedule(self.name, {"forall": _forall_over(k, par)})
+        return Schedule(self.name, {"step": k.ranges[c], "forall": self.forall(k, target)})
 
-    def transform(self, k: KernelInfo, s: Schedule) -> str:
-        w = SequenceWriter()
-        op = w.match_kernel(k.id)
-        scope = w.kernel_func(op)
-        fills = w.init_producers(op, len(k.inputs), k.fill_inits)
-        forall = list(s.params["forall"])
-        if any(forall):
-            op, loop = w.tile_forall(op, forall)
-            w.annotate(loop, "neuron.root", k.id)
-            scope = w.fuse_into(fills, loop)
-        ext = _extent_in_tile(k, forall)
-        c, nd = len(k.ranges) - 1, len(k.ranges)
+    def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
+        return _forall_over(k, [d for d, it in enumerate(k.iterators) if it == "parallel" and k.ranges[d] > 1])
+
+    def inner(self, w: SequenceWriter, k: KernelInfo, e: int, op: str, ext: list[int | None], scope: str,
+              mark: Mapping[str, int] | None = None) -> None:
+        """Rows of one (``e``: the whole contiguous dim), partial sums of a row over the other
+        reduction dims, the windows folded to plain reads of that row, then vectorized."""
+        c = len(k.ranges) - 1
         op, _ = w.tile_for(op, [1 if it == "parallel" and (ext[d] is None or ext[d] > 1) else 0
                                 for d, it in enumerate(k.iterators)])
-        sizes = [(k.ranges[c] if d == c else 1) if it == "reduction" else 0 for d, it in enumerate(k.iterators)]
+        sizes = [(e if d == c else 1) if it == "reduction" else 0 for d, it in enumerate(k.iterators)]
         fill, part, comb, loop = w.fresh("pfill"), w.fresh("part"), w.fresh("comb"), w.fresh("rloop")
         w(f"{fill}, {part}, {comb}, {loop} = transform.structured.tile_reduction_using_for {op} by tile_sizes = "
           f"{sizes} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
-        # the windows of one row: unit dims folded into the slices' offsets, then one vector per row
         w(f"transform.apply_patterns to {loop} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
           f": {ANY}")
         lin = w.fresh("win")
@@ -71,5 +62,3 @@ class WindowReduction:
         w.vectorize(lin)
         w.vectorize(fill)
         w.vectorize(comb)
-        del nd, scope
-        return w.text()
