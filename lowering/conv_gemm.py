@@ -41,7 +41,8 @@ def _window(k: int, stride: Sequence[int], dilation: Sequence[int]) -> str:
                                                  for i in range(k)])
 
 
-def _pad(ctx: LoweringContext, x: TensorValue, padding: Sequence[int]) -> TensorValue:
+def pad_spatial(ctx: LoweringContext, x: TensorValue, padding: Sequence[int]) -> TensorValue:
+    """``x`` [N, C, spatial...] zero-padded by ``padding[i]`` on both sides of spatial dim i."""
     if not any(padding):
         return x
     shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * p for i, p in enumerate(padding)]
@@ -62,7 +63,7 @@ def im2col(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spatial:
     rows, cols = c * math.prod(ks), math.prod(out_spatial)
     if _plain(ks, stride, padding):
         return ctx.reshape(x, (n, rows, cols))
-    xp = _pad(ctx, x, padding)
+    xp = pad_spatial(ctx, x, padding)
     shape = [n, c, *ks, *out_spatial]
     col = ctx.generic([xp], [_window(k, stride, dilation)], ctx.empty(shape, x.dtype), ctx.identity_map(2 + 2 * k),
                       ["parallel"] * (2 + 2 * k), lambda b, args: args[0])
@@ -75,7 +76,7 @@ def im2col_rows(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spa
     ``(n, o)`` holds image n's window at output position o (the rows of a channels-last GEMM, so
     the batch adds rows where a small output plane gives few columns)."""
     n, c, k = x.shape[0], x.shape[1], len(ks)
-    xp = _pad(ctx, x, padding)
+    xp = pad_spatial(ctx, x, padding)
     shape = [n, *out_spatial, c, *ks]
     window = affine_map(2 + 2 * k, ["d0", f"d{1 + k}"] + [f"d{1 + i} * {stride[i]} + d{2 + k + i} * {dilation[i]}"
                                                           for i in range(k)])

@@ -23,10 +23,10 @@ def _im2col(ctx: LoweringContext, x: TensorValue, groups: int, ks, out_spatial, 
             dilation) -> TensorValue:
     """[G, C/G·prod(ks), N·prod(out_spatial)]: row ``(c, kk)`` of group g, column ``(n, o)``, the
     zero-padded input at channel ``g·C/G + c``, position ``o·stride + kk·dilation``."""
-    from neuron_compile.lowering.conv_gemm import _pad
+    from neuron_compile.lowering.conv_gemm import pad_spatial
     n, c, k = x.shape[0], x.shape[1], len(ks)
     cg = c // groups
-    xp = _pad(ctx, x, padding)
+    xp = pad_spatial(ctx, x, padding)
     loops = 3 + 2 * k   # (g, c, kernel..., n, out...)
     read = affine_map(loops, [f"d{2 + k}", f"d0 * {cg} + d1"]
                       + [f"d{3 + k + i} * {stride[i]} + d{2 + i} * {dilation[i]}" for i in range(k)])

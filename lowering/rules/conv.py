@@ -22,16 +22,13 @@ def _geometry(ctx: LoweringContext, x: TensorValue, w: TensorValue, stride, padd
     """The zero-padded input and the indexing maps (input, weight, output) of the convolution's loop
     nest: (n, oc, out spatial..., ic per group, kernel spatial...)."""
     k = x.rank - 2
-    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
-    return (_padded(ctx, x, padding), padding, *_maps(k, w, stride, dilation, groups))
+    stride, padding, dilation = _per_dim(k, stride, padding, dilation)
+    return (conv_gemm.pad_spatial(ctx, x, padding), padding, *_maps(k, w, stride, dilation, groups))
 
 
-def _padded(ctx: LoweringContext, x: TensorValue, padding) -> TensorValue:
-    """``x`` [N, C, spatial...] zero-padded by ``padding[i]`` on both sides of spatial dim i."""
-    if not any(padding):
-        return x
-    shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * p for i, p in enumerate(padding)]
-    return ctx.insert_slice(x, ctx.fill(shape, x.dtype, 0), [0, 0] + list(padding))
+def _per_dim(k: int, stride, padding, dilation) -> tuple[list[int], list[int], list[int]]:
+    """``stride``, ``padding``, ``dilation`` with one entry per spatial dim (ATen passes one for all)."""
+    return tuple(list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
 
 
 def _maps(k: int, w: TensorValue, stride, dilation, groups: int):
@@ -69,7 +66,7 @@ def _transposed(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stri
     (``output_padding`` is already in the output shape)."""
     shape, dtype = ctx.out_spec()
     k = x.rank - 2
-    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    stride, padding, dilation = _per_dim(k, stride, padding, dilation)
     x_map, w_map, g_map = _maps(k, w, stride, dilation, groups)
     padded = list(shape[:2]) + [shape[2 + i] + 2 * padding[i] for i in range(k)]
     acc = _acc(dtype)
@@ -119,7 +116,7 @@ def _depthwise_grad_input(ctx: LoweringContext, grad: TensorValue, w: TensorValu
     channels (the transposed convolution's identity, as in :func:`lower_convolution_backward`).
     ``None`` where the padding exceeds ``d·(K-1)`` (a crop would be needed; the scatter is kept)."""
     k = grad.rank - 2
-    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    stride, padding, dilation = _per_dim(k, stride, padding, dilation)
     ks, c, oc = list(w.shape[2:]), in_shape[1], w.shape[0]
     m = oc // c
     left = [d * (kk - 1) - p for d, kk, p in zip(dilation, ks, padding)]
@@ -142,8 +139,8 @@ def _depthwise_grad_weight(ctx: LoweringContext, grad: TensorValue, x: TensorVal
     with the weight's dims outside and the image's inside (the innermost loop walks a row of both
     operands, where :func:`_grad_weight`'s order keeps the weight's dims innermost)."""
     k = x.rank - 2
-    stride, padding, dilation = (list(v) * (k if len(v) == 1 else 1) for v in (stride, padding, dilation))
-    x_pad = _padded(ctx, x, padding)
+    stride, padding, dilation = _per_dim(k, stride, padding, dilation)
+    x_pad = conv_gemm.pad_spatial(ctx, x, padding)
     m = w_shape[0] // groups
     loops = 2 + 2 * k   # (oc, kernel spatial..., n, out spatial...)
     kk = [f"d{1 + i}" for i in range(k)]
