@@ -1,6 +1,6 @@
-"""Max-pool gradients (``lowering/rules/pooling.py``): a gather per input position over the
-windows that can hold it, bitwise as eager's CPU kernel (same adds in the same order, float16 and
-bfloat16 rounded after every add), and linear in the input, not input × output."""
+"""Max-pool gradients (``lowering/rules/pooling.py``): each plane's output gradients added at
+their argmax positions in output order, bitwise as eager's CPU kernel (same adds in the same
+order, float16 and bfloat16 rounded after every add), and linear in the output, not input × output."""
 from __future__ import annotations
 
 import pytest
@@ -45,11 +45,16 @@ def test_max_pool3d_gradient_is_eagers_bit_for_bit():
     assert torch.equal(torch.autograd.grad(y, xc, gy)[0], torch.autograd.grad(F.max_pool3d(xe, 3, 2, 1), xe, gy)[0])
 
 
-def test_max_pool_gradient_is_one_pass_over_the_input():
-    """One kernel whose loops are the input's shape (was a scatter over input × output positions)."""
+def test_max_pool_gradient_is_one_pass_over_the_output():
+    """One loop kernel per plane over its output positions, each adding its gradient at the
+    recorded argmax (ATen's algorithm): parallel over the planes, never on ``loops`` (was a
+    gather over the input with per-element index arithmetic, and before that a scatter over
+    input × output positions)."""
     def backward(gy, x, idx):
         return torch.ops.aten.max_pool2d_with_indices_backward(gy, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
     x = torch.randn(2, 8, 32, 32)
     _, idx = torch.ops.aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])
-    (kernel,) = [k for k, _ in _kernels(backward, torch.randn(2, 8, 16, 16), x, idx)]
-    assert tuple(kernel.ranges) == (2, 8, 32, 32)
+    ks = _kernels(backward, torch.randn(2, 8, 16, 16), x, idx)
+    assert all(s.strategy != "loops" for _, s in ks)
+    (scatter,) = [(k, s) for k, s in ks if k.kind == "loop"]
+    assert scatter[1].strategy == "forall-loop" and tuple(scatter[0].ranges) == (16, 1024)
