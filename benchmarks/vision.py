@@ -142,6 +142,7 @@ LAYERS: list[tuple[str, Callable[[], nn.Module], tuple[int, ...]]] = [
     ("conv3x3 64ch 16x16", lambda: nn.Conv2d(64, 64, 3, padding=1, bias=False), (16, 64, 16, 16)),
     ("grouped conv3x3 g4 64ch 16x16", lambda: nn.Conv2d(64, 64, 3, padding=1, groups=4), (16, 64, 16, 16)),
     ("depthwise 3x3 128ch 28x28", lambda: nn.Conv2d(128, 128, 3, padding=1, groups=128), (16, 128, 28, 28)),
+    ("depthwise 3x3 s2 96ch 32x32", lambda: nn.Conv2d(96, 96, 3, 2, 1, groups=96, bias=False), (16, 96, 32, 32)),
     ("convtranspose 2x2 s2 64->32 8x8", lambda: nn.ConvTranspose2d(64, 32, 2, 2), (8, 64, 8, 8)),
     ("convtranspose 3x3 s2 64->32 8x8", lambda: nn.ConvTranspose2d(64, 32, 3, 2, 1, 1), (8, 64, 8, 8)),
     ("maxpool 3x3 s2 64ch 32x32", lambda: nn.MaxPool2d(3, 2, 1), (16, 64, 32, 32)),

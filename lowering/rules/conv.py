@@ -37,7 +37,12 @@ def _maps(k: int, w: TensorValue, stride, dilation, groups: int):
     o = [f"d{2 + i}" for i in range(k)]
     ic = f"d{2 + k}"
     kk = [f"d{3 + k + i}" for i in range(k)]
-    chan = f"(d1 floordiv {oc // groups}) * {icg} + {ic}" if groups > 1 else ic
+    if groups == 1:
+        chan = ic
+    elif oc == groups:   # one output channel per group (depthwise): a plain window term
+        chan = f"d1 * {icg} + {ic}"
+    else:
+        chan = f"(d1 floordiv {oc // groups}) * {icg} + {ic}"
     x_map = affine_map(n_loops, ["d0", chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
     w_map = affine_map(n_loops, ["d1", ic] + kk)
     out_map = affine_map(n_loops, ["d0", "d1"] + o)

@@ -107,9 +107,9 @@ def strategies() -> tuple[Strategy, ...]:
     from neuron_compile.codegen.strategies.matmul import MatmulTiled
     from neuron_compile.codegen.strategies.transpose import TransposeTiles
     from neuron_compile.codegen.strategies.vector import ColumnReduction, CopyRows, Pointwise, RowReduction
-    from neuron_compile.codegen.strategies.window import WindowReduction
-    return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), WindowReduction(), CopyRows(),
-            TransposeTiles(), ForallLoop(), Loops())
+    from neuron_compile.codegen.strategies.window import WindowReduction, WindowStencil
+    return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), WindowReduction(),
+            WindowStencil(), CopyRows(), TransposeTiles(), ForallLoop(), Loops())
 
 
 def strategy_named(name: str) -> Strategy:
