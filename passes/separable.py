@@ -40,7 +40,9 @@ def _avg_pool_matrix(n: int, k: int, s: int, p: int, ceil_mode: bool, count_incl
     pool = end - start
     start, end = start.clamp(min=0), end.clamp(max=n)
     count = pool if count_include_pad else end - start
-    return _band(start, end, n, 1.0 / count if divided else torch.ones_like(count))
+    # (the reciprocal in float64: an int64 count divided in the default dtype, float32, put float64
+    # pools 1.5e-8 relative off eager; a new user's trial)
+    return _band(start, end, n, 1.0 / count.to(torch.float64) if divided else torch.ones_like(count))
 
 
 def _expand(v, nd: int) -> list[int]:
@@ -108,7 +110,7 @@ def avg_pool_backward(nd: int):
 def _adaptive_matrix(n: int, o: int) -> torch.Tensor:
     i = torch.arange(o)
     start, end = (i * n) // o, ((i + 1) * n + o - 1) // o
-    return _band(start, end, n, 1.0 / (end - start))
+    return _band(start, end, n, 1.0 / (end - start).to(torch.float64))
 
 
 def adaptive_avg_pool(nd: int):

@@ -58,3 +58,19 @@ def test_max_pool_gradient_is_one_pass_over_the_output():
     assert all(s.strategy != "loops" for _, s in ks)
     (scatter,) = [(k, s) for k, s in ks if k.kind == "loop"]
     assert scatter[1].strategy == "forall-loop" and tuple(scatter[0].ranges) == (16, 1024)
+
+
+@pytest.mark.parametrize("pool", ["avg 3/1 pad 1", "avg 3/2 no pad count", "adaptive 4"])
+def test_float64_average_pools_are_float64_accurate(pool):
+    """The window weights (1 / count) are float64: divided in the default dtype, float32, a
+    float64 pool was 1.5e-8 relative off eager (a new user's trial)."""
+    fn = {"avg 3/1 pad 1": lambda t: F.avg_pool2d(t, 3, 1, 1),
+          "avg 3/2 no pad count": lambda t: F.avg_pool2d(t, 3, 2, 1, count_include_pad=False),
+          "adaptive 4": lambda t: F.adaptive_avg_pool2d(t, 4)}[pool]
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, want = torch.compile(fn, backend="neuron", dynamic=False)(xc), fn(xe)
+    torch.testing.assert_close(y, want, rtol=1e-13, atol=1e-13)
+    gy = torch.randn(want.shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad(y, xc, gy)[0], torch.autograd.grad(want, xe, gy)[0],
+                               rtol=1e-13, atol=1e-13)
