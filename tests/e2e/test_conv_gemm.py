@@ -261,3 +261,24 @@ def test_depthwise_gradients_read_windows_and_the_weight_gradient_is_vectorized(
     assert reductions["window-reduction"].ranges == (32, 3, 3, 4, 14, 14)
     assert reductions["window-stencil"].iterators[:4] == ("parallel",) * 4
 
+
+
+def test_col2im_is_never_split_across_threads_where_windows_overlap():
+    """A Conv3d input gradient whose col2im was split over output positions: two threads' slices
+    wrote the same input elements through different kernel offsets (0.3-0.7 relative error,
+    different on every call; a new user's trial). Repeated calls at 2 threads equal eager."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(1, 1, 8, 5, 100, generator=g), torch.randn(3, 1, 3, 3, 3, generator=g)
+    gy = torch.randn(1, 3, 6, 3, 98, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fn = torch.compile(lambda t: F.conv3d(t, w), backend="neuron", dynamic=False)
+        xe = x.double().requires_grad_()
+        (want,) = torch.autograd.grad(F.conv3d(xe, w.double()), xe, gy.double())
+        for _ in range(3):
+            xc = x.clone().requires_grad_()
+            (got,) = torch.autograd.grad(fn(xc), xc, gy)
+            torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    finally:
+        torch.set_num_threads(before)

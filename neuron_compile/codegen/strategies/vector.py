@@ -29,6 +29,7 @@ strategy. Measured on Zen 1 (1 thread, ms, this machine): softmax 4096×1024 ama
 from __future__ import annotations
 
 import math
+import re
 from typing import ClassVar, Mapping, Sequence
 
 import torch
@@ -244,11 +245,19 @@ class Pointwise(_VectorStrategy):
 
     def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
         c, nd = k.contiguous_dim, len(k.ranges)
-        # (a windowed accumulation, col2im, has sequential kernel-offset loops: never split them)
-        outer = [d for d in range(nd) if d != c and k.ranges[d] > 1 and k.iterators[d] == "parallel"]
+        # (a windowed accumulation, col2im, has sequential kernel-offset loops: never split them, nor
+        # the output positions they combine with (``o + k``): two threads' slices of o write the same
+        # elements through different k. Split over o, a Conv3d input gradient raced: 0.3-0.7 relative
+        # error, different on every call; a new user's trial)
+        shared = {int(m) for e in k.operands[-1].exprs if not re.fullmatch(r"d\d+|\d+", e)
+                  for m in re.findall(r"d(\d+)", e)}
+        outer = [d for d in range(nd) if d != c and k.ranges[d] > 1 and k.iterators[d] == "parallel"
+                 and d not in shared]
         if outer:
             return _forall_over(k, outer)
         sizes = [0] * nd  # one long dim: chunks of whole vector steps
+        if c in shared:
+            return sizes
         n, vl = k.ranges[c], lanes(k, target)
         chunks = max(1, min(CHUNKS, n // max(MIN_CHUNK, vl)))
         want = math.ceil(n / chunks)
