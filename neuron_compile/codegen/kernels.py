@@ -72,6 +72,11 @@ class Operand:
                         return False
         return seen <= 1
 
+    def window_dims(self) -> set[int]:
+        """The loop dims inside a window index (``d2 + d5``): slices of one of them alone are not
+        disjoint in this operand (a col2im's output positions overlap through its kernel offsets)."""
+        return {int(m) for e in self.exprs if not (_DIM.match(e) or e.isdigit()) for m in re.findall(r"d(\d+)", e)}
+
     def dims(self) -> tuple[int | None, ...]:
         """The loop dim each tensor dim is indexed by (``None`` for a constant index)."""
         return tuple(int(m.group(1)) if (m := _DIM.match(e)) else None for e in self.exprs)

@@ -29,7 +29,6 @@ strategy. Measured on Zen 1 (1 thread, ms, this machine): softmax 4096×1024 ama
 from __future__ import annotations
 
 import math
-import re
 from typing import ClassVar, Mapping, Sequence
 
 import torch
@@ -249,8 +248,7 @@ class Pointwise(_VectorStrategy):
         # the output positions they combine with (``o + k``): two threads' slices of o write the same
         # elements through different k. Split over o, a Conv3d input gradient raced: 0.3-0.7 relative
         # error, different on every call; a new user's trial)
-        shared = {int(m) for e in k.operands[-1].exprs if not re.fullmatch(r"d\d+|\d+", e)
-                  for m in re.findall(r"d(\d+)", e)}
+        shared = k.operands[-1].window_dims()
         outer = [d for d in range(nd) if d != c and k.ranges[d] > 1 and k.iterators[d] == "parallel"
                  and d not in shared]
         if outer:

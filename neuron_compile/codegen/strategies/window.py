@@ -36,6 +36,16 @@ from neuron_compile.codegen.strategy import Schedule, TargetInfo
 from neuron_compile.codegen.transform import ANY, SequenceWriter
 
 
+def _fold_and_vectorize(w: SequenceWriter, loop: str) -> None:
+    """Inside ``loop``: the unit dims folded into slice offsets (a window becomes a plain read of
+    one row), then the linalg op left there vectorized."""
+    w(f"transform.apply_patterns to {loop} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
+      f": {ANY}")
+    lin = w.fresh("win")
+    w(f"{lin} = transform.structured.match interface{{LinalgOp}} in {loop} : ({ANY}) -> {ANY}")
+    w.vectorize(lin)
+
+
 class WindowReduction(_VectorStrategy):
     name: ClassVar[str] = "window-reduction"
     kinds: ClassVar[frozenset[str]] = frozenset({"reduction"})
@@ -65,11 +75,7 @@ class WindowReduction(_VectorStrategy):
         fill, part, comb, loop = w.fresh("pfill"), w.fresh("part"), w.fresh("comb"), w.fresh("rloop")
         w(f"{fill}, {part}, {comb}, {loop} = transform.structured.tile_reduction_using_for {op} by tile_sizes = "
           f"{sizes} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
-        w(f"transform.apply_patterns to {loop} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
-          f": {ANY}")
-        lin = w.fresh("win")
-        w(f"{lin} = transform.structured.match interface{{LinalgOp}} in {loop} : ({ANY}) -> {ANY}")
-        w.vectorize(lin)
+        _fold_and_vectorize(w, loop)
         w.vectorize(fill)
         w.vectorize(comb)
 
@@ -114,9 +120,4 @@ class WindowStencil(_VectorStrategy):
                                 for d, it in enumerate(k.iterators)])
         op, loops = w.tile_for(op, [1 if it == "reduction" and k.ranges[d] > 1 else 0
                                     for d, it in enumerate(k.iterators)])
-        scope = loops[-1] if loops else scope
-        w(f"transform.apply_patterns to {scope} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
-          f": {ANY}")
-        lin = w.fresh("win")
-        w(f"{lin} = transform.structured.match interface{{LinalgOp}} in {scope} : ({ANY}) -> {ANY}")
-        w.vectorize(lin)
+        _fold_and_vectorize(w, loops[-1] if loops else scope)
