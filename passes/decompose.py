@@ -17,7 +17,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 from neuron_compile.overloads import aten_overload, present
 from neuron_compile.passes import (bessel, distance, embedding, erf_family, foreach, histogram, householder, jacobi,
-                                   linalg, sampling, separable, special, transformer, view_scatter)
+                                   linalg, max_pool, sampling, separable, special, transformer, view_scatter)
 
 aten = torch.ops.aten
 
@@ -39,8 +39,6 @@ EXTRA_REFERENCE: dict[object, str] = {
     aten._native_batch_norm_legit: "functional form: batch statistics, new running stats as outputs",
     aten.native_batch_norm: "dispatches to the _legit forms above",
     aten._adaptive_avg_pool2d: "windowed sums by index gathers, divided by the window sizes",
-    aten.max_pool2d_with_indices: "windows gathered with indices, max and argmax over each",
-    aten.max_pool3d_with_indices: "as the 2d form: windows gathered with indices, max and argmax",
     aten.ldexp.Tensor: "a * 2**b",
     aten.diagonal: "as_strided view of the diagonal",
     aten.as_strided_copy: "as_strided + clone",
@@ -400,6 +398,10 @@ OURS: dict[object, tuple[Callable, str]] = present({
     aten.ormqr.default: (householder.ormqr, "dorm2r: the reflectors applied one by one"),
     aten.linalg_householder_product.default: (householder.householder_product,
                                               "dorg2r: the reflectors applied to identity columns"),
+    aten.max_pool2d_with_indices.default: (max_pool.max_pool2d_with_indices,
+                                           "a compare-select per tap over strided views of the padded input"),
+    aten.max_pool3d_with_indices.default: (max_pool.max_pool3d_with_indices,
+                                           "a compare-select per tap over strided views of the padded input"),
     aten.adaptive_max_pool2d.default: (_adaptive_max_pool, "windows masked out of the plane, amax + argmax"),
     aten.adaptive_max_pool3d.default: (_adaptive_max_pool, "windows masked out of the volume, amax + argmax"),
     aten.addbmm.default: (_addbmm, "batched matmul summed over the batch"),
