@@ -136,6 +136,30 @@ def test_a_gemm_narrower_than_one_register_tile_stays_a_plain_contraction():
     _check(lambda x, w, b: F.linear(x, w, b), x, w, b)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_gemm_one_vector_wide_takes_tiles_one_vector_wide(isa):
+    """N a whole number of vectors but under the table's register tile (16 output channels on
+    AVX-512): tiles one vector wide (a UNet's 16-channel weight gradients ran at 30-36 GFLOP/s as an
+    im2col GEMM, 83-100 this way; AMD Zen 4, 1 thread); N not a whole vector still declines."""
+    from neuron_compile.codegen.strategies.matmul import applies
+    target = TargetInfo(isa, 512 if isa == "avx512" else 256, 32 if isa == "avx512" else 16)
+    vl = ISA_TABLE[isa]["VL"]
+    if vl < ISA_TABLE[isa]["NR"]:
+        p = GemmProblem(64, vl, 512, 0, "float32", False, False, True, True)
+        assert applies(p, target) and plan(p, target).params["NR"] == vl
+    assert not applies(GemmProblem(64, vl + 4, 512, 0, "float32", False, False, True, True), target)
+
+
+def test_a_single_register_tile_is_split_in_two():
+    """A GEMM of one register tile has one trip in every loop: canonicalization folds its forall
+    with the tag the micro-kernel's vectorization looks for, and it ran scalar (8x32 @ K=2048:
+    4.4 GFLOP/s, 33 as two 4-row tiles; AMD Zen 4, 1 thread)."""
+    target = TargetInfo("avx512", 512, 32)
+    p = GemmProblem(8, 32, 2048, 0, "float32", False, False, True, True)
+    assert p.m // plan(p, target).params["MR"] == 2
+    _check(lambda a, b: a @ b, torch.randn(8, 2048), torch.randn(2048, 32))
+
+
 @pytest.mark.parametrize("m", [512, 1024, 2048, 768, 300, 1000])
 def test_m_blocks_are_equal_when_a_block_size_near_the_table_divides_m(m):
     """The threads split the M×N blocks statically: a short last M block left one thread idle
