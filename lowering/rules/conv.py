@@ -96,14 +96,27 @@ def _forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, acc: TensorVa
 
 def _grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w: TensorValue, stride, padding, dilation,
                  groups: int) -> TensorValue:
-    """The weight gradient of ``conv(x, w)`` given the gradient ``g`` of its output: read like the
-    forward, accumulated over (n, out spatial...) into w's shape."""
+    """The weight gradient of ``conv(x, w)`` given the gradient ``g`` of its output, where no GEMM
+    form applies (fewer output channels than a vector: a 1×1 head's 16 → 4): one window sum per
+    weight element, the weight's dims outside and the image's inside (loops (oc, ic, kernel...,
+    n, out spatial...)), so the innermost loop walks a row of both ``g`` and ``x`` and the
+    ``window-reduction`` strategy vectorizes it (with the weight's dims innermost it ran on
+    ``loops``: 8×16×64×64 → 4 channels, 1.9 ms at 1.4 GB/s; AMD Zen 4, 1 thread)."""
     k = x.rank - 2
-    x_pad, _, x_map, w_map, g_map = _geometry(ctx, x, w, stride, padding, dilation, groups)
-    iters = ["reduction", "parallel"] + ["reduction"] * k + ["parallel"] * (1 + k)
+    stride, padding, dilation = _per_dim(k, stride, padding, dilation)
+    x_pad = conv_gemm.pad_spatial(ctx, x, padding)
+    oc, icg = w.shape[0], w.shape[1]
+    loops = 3 + 2 * k
+    kk = [f"d{2 + i}" for i in range(k)]
+    n, o = f"d{2 + k}", [f"d{3 + k + i}" for i in range(k)]
+    chan = "d1" if groups == 1 else f"(d0 floordiv {oc // groups}) * {icg} + d1"
+    x_map = affine_map(loops, [n, chan] + [f"{o[i]} * {stride[i]} + {kk[i]} * {dilation[i]}" for i in range(k)])
+    g_map = affine_map(loops, [n, "d0"] + o)
+    w_map = affine_map(loops, ["d0", "d1"] + kk)
     acc = _acc(g.dtype)
-    return ctx.cast(ctx.generic([g, x_pad], [g_map, x_map], ctx.fill(w.shape, acc, 0), w_map, iters, _mac(acc)),
-                    g.dtype)
+    out = ctx.generic([g, x_pad], [g_map, x_map], ctx.fill(w.shape, acc, 0), w_map,
+                      ["parallel"] * (2 + k) + ["reduction"] * (1 + k), _mac(acc), attrs={"combiner": True})
+    return ctx.cast(out, g.dtype)
 
 
 def _depthwise(x: TensorValue, groups: int) -> bool:
