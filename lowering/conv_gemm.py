@@ -97,6 +97,8 @@ def col2im(ctx: LoweringContext, cols: TensorValue, c: int, ks: Sequence[int], o
     if _plain(ks, stride, padding) and not rows:
         return ctx.reshape(cols, tuple(in_shape))
     padded = list(in_shape[:2]) + [in_shape[2 + i] + 2 * p for i, p in enumerate(padding)]
+    if list(stride) == list(ks) and set(dilation) == {1} and not rows:
+        return _tile_windows(ctx, ctx.reshape(cols, (n, c, *ks, *out_spatial)), padded, in_shape, padding)
     loops = 2 + 2 * k   # (n, c, kernel spatial..., out spatial...)
     if rows:
         col6 = ctx.reshape(cols, (n, *out_spatial, c, *ks))
@@ -110,6 +112,28 @@ def col2im(ctx: LoweringContext, cols: TensorValue, c: int, ks: Sequence[int], o
     if any(padding):
         acc = ctx.extract_slice(acc, [0, 0] + list(padding), list(in_shape), [1] * len(in_shape))
     return acc
+
+
+def _tile_windows(ctx: LoweringContext, col6: TensorValue, padded: Sequence[int], in_shape: Sequence[int],
+                  padding: Sequence[int]) -> TensorValue:
+    """:func:`col2im` where the windows tile the input exactly (stride = kernel, no dilation: a
+    2×2/2 transposed convolution): no position takes two entries, so it is a permutation,
+    ``[N, C, k..., o...]`` → ``[N, C, (o_0, k_0), ...]``, then the padding cropped (positions past
+    the last window, an ``output_padding``, are zero). As one accumulating loop nest it ran on
+    ``loops`` at 2.8 GB/s, stride-2 scalar stores (a UNet's 32→16 up-convolution at 8×16×64×64:
+    1.5 ms; AMD Zen 4, 1 thread); as a transpose the kernel offset is innermost."""
+    k = len(padding)
+    tiled = ctx.permute(col6, [0, 1] + [d for i in range(k) for d in (2 + k + i, 2 + i)])
+    full = [col6.shape[2 + k + i] * col6.shape[2 + i] for i in range(k)]
+    tiled = ctx.reshape(tiled, (*col6.shape[:2], *full))
+    covered = [min(f, p) for f, p in zip(full, padded[2:])]
+    if covered != full:
+        tiled = ctx.extract_slice(tiled, [0] * (2 + k), [*col6.shape[:2], *covered], [1] * (2 + k))
+    if covered != list(padded[2:]):
+        tiled = ctx.insert_slice(tiled, ctx.fill(list(padded), col6.dtype, 0), [0] * (2 + k))
+    if any(padding):
+        tiled = ctx.extract_slice(tiled, [0, 0] + list(padding), list(in_shape), [1] * len(in_shape))
+    return tiled
 
 
 def gemm_applies(ctx: LoweringContext, m: int, n: int, k: int, batch: int, dtype: torch.dtype,

@@ -202,6 +202,9 @@ TRANSPOSED = {
     "3x3 unit stride": ((2, 24, 8, 8), (24, 40, 3, 3), False, 1, 1, 0, 1),
     "3x3 at 2x2": ((8, 64, 2, 2), (64, 48, 3, 3), True, 2, 1, 1, 1),
     "1-d dilated": ((3, 24, 9), (24, 40, 3), True, 2, 2, 1, 2),
+    # windows tiling the output (stride = kernel): a permutation, cropped and zero-extended
+    "3x3 stride 3 pad 1 output_padding 2": ((2, 8, 4, 5), (8, 12, 3, 3), True, 3, 1, 2, 1),
+    "3-d 2x2x2 stride 2": ((2, 8, 3, 4, 3), (8, 4, 2, 2, 2), False, 2, 0, 1, 1),
 }
 
 
@@ -229,6 +232,8 @@ def test_transposed_convolution_is_gemms():
     ks = _kernels(step, torch.randn(4, 48, 8, 8), torch.randn(48, 32, 2, 2), torch.randn(4, 32, 16, 16))
     assert len([k for k, _ in ks if k.kind == "matmul"]) == 3
     assert not [k for k, s in ks if s.strategy == "loops" and k.kind == "matmul"]
+    # stride = kernel: the columns are permuted into place (a transpose), no accumulating col2im
+    assert not [k for k, _ in ks if k.kind == "pointwise" and any(not o.affine for o in k.operands if o.output)]
 
 
 # (input shape, weight shape, bias, stride, padding, groups, transposed)
