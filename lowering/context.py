@@ -361,8 +361,11 @@ class LoweringContext:
         """
         dims = sorted({d % v.rank for d in dims}) if v.rank else []
         full_shape, reduced = v.shape, list(dims)
-        if isinstance(v, TensorValue) and len(dims) > 1 and dims == list(range(v.rank - len(dims), v.rank)):
-            v, dims = self._collapse_trailing(v, len(dims))
+        if len(dims) > 1 and dims == list(range(v.rank - len(dims), v.rank)):
+            if isinstance(v, TensorValue):
+                v, dims = self._collapse_trailing(v, len(dims))
+            elif (flat := self._collapse_trailing_lazy(v, len(dims))) is not None:
+                v, dims = flat, [v.rank - len(dims)]
         kept = [i for i in range(v.rank) if i not in dims]
         out_shape = tuple(v.shape[i] for i in kept)
         init = self.fill(out_shape, acc_dtype, init_value)
@@ -407,6 +410,26 @@ class LoweringContext:
         out = self.emit(f"tensor.collapse_shape {v.name} {reassociation(groups)} : {v.type} into "
                         f"{tensor_type(shape, v.dtype)}", shape, v.dtype)
         return out, [lead]
+
+    def _collapse_trailing_lazy(self, v: LazyTensor, n: int) -> LazyTensor | None:
+        """:meth:`_collapse_trailing` for a fused prologue (ReLU6 before a global average pool):
+        each leaf that reads the last ``n`` dims reads them as its own last ``n`` dims, in order, and
+        is collapsed the same way; ``None`` if a leaf reads them otherwise (a broadcast along one of
+        them). Without it, MobileNet's ``clamp`` + ``mean((2, 3))`` over 4×4 planes ran as masked
+        16-lane steps over rows of 4: 0.39 ms, eager 0.04 (AMD Zen 4, 1 thread)."""
+        lead = v.rank - n
+        trailing = tuple(f"d{i}" for i in range(lead, v.rank))
+        leaves = []
+        for lf in v.leaves:
+            reads = [j for j, e in enumerate(lf.exprs) if any(re.search(rf"\b{t}\b", e) for t in trailing)]
+            if not reads:
+                leaves.append(lf)
+                continue
+            m = len(lf.exprs)
+            if tuple(lf.exprs[m - n:]) != trailing or reads != list(range(m - n, m)):
+                return None
+            leaves.append(Leaf(self._collapse_trailing(lf.value, n)[0], tuple(lf.exprs[:m - n]) + (f"d{lead}",)))
+        return LazyTensor(tuple(v.shape[:lead]) + (numel(v.shape[lead:]),), v.dtype, tuple(leaves), v.fn, v.ops)
 
     def _drop_broadcast_units(self, v: TensorValue, in_map: str, rank: int) -> tuple[TensorValue, str]:
         """An input read at a constant 0 in a unit dim (a ``[B, 1]`` graph input broadcast along a
