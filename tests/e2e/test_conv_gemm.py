@@ -179,7 +179,8 @@ def test_strided_input_gradient_is_a_gemm_and_a_col2im():
 def test_small_output_planes_fold_the_batch_into_gemm_rows(stride):
     """Forward, input and weight gradients of a convolution with a 2×2 output plane are GEMMs
     over the batch's N·OH·OW rows (a product per image would have 4 columns: the direct
-    contraction on ``loops``, ~2 GFLOP/s, before)."""
+    contraction on ``loops``, ~2 GFLOP/s, before). With fewer rows than output channels the
+    forward is ``W @ rowsᵀ`` (the weight streamed as stored, not packed on every call)."""
     def step(g, x, w):
         y = torch.ops.aten.convolution(x, w, None, [stride] * 2, [1, 1], [1, 1], False, [0, 0], 1)
         gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [stride] * 2, [1, 1], [1, 1], False,
@@ -189,7 +190,7 @@ def test_small_output_planes_fold_the_batch_into_gemm_rows(stride):
     ks = _kernels(step, torch.randn(8, 64, 2, 2), torch.randn(8, 32, hw, hw), torch.randn(64, 32, 3, 3))
     gemms = [k for k, _ in ks if k.kind == "matmul"]
     assert sorted((k.attrs["m"], k.attrs["n"], k.attrs["k"]) for k in gemms) == sorted(
-        [(32, 64, 288), (32, 288, 64), (64, 288, 32)])   # forward, grad_input, grad_weight
+        [(64, 32, 288), (32, 288, 64), (64, 288, 32)])   # forward, grad_input, grad_weight
     assert all(k.attrs["gemm"]["problem"]["batch"] == 0 for k in gemms)   # one GEMM each, no batch
     assert not [k for k, s in ks if s.strategy == "loops" and k.kind == "matmul"]
 
