@@ -88,6 +88,7 @@ def rows(exe: Any) -> list[dict[str, Any]]:
 
 
 SLOW_GBPS = 1.0          # a kernel moving less than this per second is flagged (issue 41: "no silent cliffs")
+UNSCHEDULED = ("loops", "loops-forall")   # plain loops (LLVM's own vectorizer), on one thread or the pool
 FLAG_SHARE = 0.05        # ... as is a ``loops`` kernel taking at least this share of its graph
 
 
@@ -97,7 +98,7 @@ def flag(row: dict[str, Any]) -> str:
     under :data:`SLOW_GBPS` (bytes read and written once each) that takes at least 0.1 ms a call."""
     if row["kernel"] == "-" or not row["calls"]:
         return ""
-    if row["schedule"] == "loops" and row["share"] >= FLAG_SHARE:
+    if row["schedule"] in UNSCHEDULED and row["share"] >= FLAG_SHARE:
         return "loops"
     per_call = row["seconds"] / row["calls"]
     if row["rate"].endswith("GB/s") and float(row["rate"].split()[0]) < SLOW_GBPS and per_call >= 1e-4:
@@ -108,7 +109,8 @@ def flag(row: dict[str, Any]) -> str:
 def seconds_by_schedule() -> dict[str, float]:
     """Kernel seconds per schedule (``loops``, ``matmul``, ...) summed over every profiled
     executable alive in this process since the last :func:`reset`; the time after each graph's
-    last kernel is under ``""``. A benchmark's share of ``loops`` time is ``d["loops"] / sum(d.values())``."""
+    last kernel is under ``""``. A benchmark's share of unscheduled time is the :data:`UNSCHEDULED`
+    schedules' seconds over the sum."""
     with _lock:
         exes = list(_profiled)
     out: dict[str, float] = {}

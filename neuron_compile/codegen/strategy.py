@@ -102,14 +102,14 @@ class Strategy(Protocol):
 
 def strategies() -> tuple[Strategy, ...]:
     """Every strategy, in selection order (the first whose ``select`` returns a schedule wins)."""
-    from neuron_compile.codegen.strategies.loops import ForallLoop, Loops
+    from neuron_compile.codegen.strategies.loops import ForallLoop, Loops, LoopsForall
     from neuron_compile.codegen.strategies.fused_rows import FusedRows
     from neuron_compile.codegen.strategies.matmul import MatmulTiled
     from neuron_compile.codegen.strategies.transpose import TransposeTiles
     from neuron_compile.codegen.strategies.vector import ColumnReduction, CopyRows, Pointwise, RowReduction
     from neuron_compile.codegen.strategies.window import WindowReduction, WindowStencil
     return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), WindowReduction(),
-            WindowStencil(), CopyRows(), TransposeTiles(), ForallLoop(), Loops())
+            WindowStencil(), CopyRows(), TransposeTiles(), ForallLoop(), LoopsForall(), Loops())
 
 
 def strategy_named(name: str) -> Strategy:

@@ -109,7 +109,9 @@ def test_strided_forward_is_a_shared_weight_gemm_over_vectorized_im2col_rows():
     (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
     assert gemm.attrs["shared_a"] and not gemm.attrs.get("conv") and gemm.attrs["k"] == 72
     windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
-    assert len(windowed) == 1 and windowed[0][1].strategy == "loops"   # a stride-2 row is a gather
+    # a stride-2 row is a gather: plain loops, split over the thread pool along (n, c)
+    assert len(windowed) == 1 and windowed[0][1].strategy == "loops-forall"
+    assert windowed[0][1].params["forall"][:2] != [0, 0]
 
 
 def test_gradients_are_gemms():
@@ -325,5 +327,27 @@ def test_col2im_is_never_split_across_threads_where_windows_overlap():
             xc = x.clone().requires_grad_()
             (got,) = torch.autograd.grad(fn(xc), xc, gy)
             torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_unscheduled_kernels_split_over_threads_only_along_plain_output_dims():
+    """``loops-forall``: a strided depthwise forward (no vector strategy takes its stride-2 rows)
+    runs on the thread pool, split along (n, c) only; at 2 threads, repeated, it equals float64
+    eager (a col2im, whose output positions sit inside windows, is covered by
+    test_col2im_is_never_split_across_threads_where_windows_overlap)."""
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(4, 24, 15, 15, generator=g), torch.randn(24, 1, 3, 3, generator=g)
+    fwd = lambda x, w: F.conv2d(x, w, None, 2, 1, 1, 24)  # noqa: E731
+    (dw,) = [(k, s) for k, s in _kernels(fwd, x, w) if k.kind == "reduction"]
+    assert dw[1].strategy == "loops-forall"
+    assert all(t == 0 for d, t in enumerate(dw[1].params["forall"]) if d >= 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fn = torch.compile(fwd, backend="neuron", dynamic=False)
+        want = fwd(x.double(), w.double())
+        for _ in range(3):
+            torch.testing.assert_close(fn(x, w).double(), want, rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(before)
