@@ -29,10 +29,10 @@ class LoopsForall:
     depthwise convolution with a stride along its rows or rows of 4) ran on one thread however
     many the graph had (MobileNet at 2 threads: 28 % of inference in such kernels, 0.60x the
     better of eager and Inductor); here its leading parallel dims are tiled into an
-    ``scf.forall`` and each tile is the same plain loops. Only dims that index the output as a
-    plain dim, outside any window, are split: tiles then write disjoint outputs (a window dim, as
-    in a col2im, would let two tiles add into one element). Still unscheduled code: the profile
-    and the benchmarks count it with ``loops``."""
+    ``scf.forall`` and each tile is the same plain loops. Only dims that index every output as a
+    plain dim and appear in no compound index of any operand are split: tiles then write disjoint
+    outputs and read through maps that tile exactly. Still unscheduled code: the profile and the
+    benchmarks count it with ``loops``."""
 
     name: ClassVar[str] = "loops-forall"
     kinds: ClassVar[frozenset[str]] = frozenset({"pointwise", "reduction"})
@@ -43,7 +43,11 @@ class LoopsForall:
         if kernel.kind not in self.kinds or not kernel.ranges:
             return None
         outs = [o for o in kernel.operands if o.output]
-        windows = set().union(*(o.window_dims() for o in outs))
+        # a dim inside any compound index (a window ``d2 + d5``, a group's ``d0 floordiv 2``) is
+        # never split: tiling composes such maps wrongly at tile offsets the divisor does not
+        # divide (a depthwise weight gradient with channel multiplier 2 got wrong channels; found
+        # by a new user's trial), and an output window would let two tiles add into one element
+        windows = set().union(*(o.window_dims() for o in kernel.operands))
         plain = set.intersection(*(set(d for d in o.dims() if d is not None) for o in outs)) if outs else set()
         dims = []
         for d, it in enumerate(kernel.iterators):
