@@ -371,3 +371,21 @@ def test_grouped_weight_gradients_with_several_channels_per_group_are_not_split_
         return torch.autograd.grad(conv(x, w, None, stride, 1, 1, groups).sum(), w)[0]
     got = torch.compile(wgrad, backend="neuron", dynamic=False)(x, w)
     torch.testing.assert_close(got.double(), wgrad(x.double(), w.double()), rtol=1e-5, atol=1e-4)
+
+
+def test_a_flipped_kernel_copy_is_never_tiled_over_threads():
+    """The unit-stride input gradient flips the weight (``2 - d2``); MLIR's tiling aborts on a
+    negative coefficient, so ``loops-forall`` declines the copy (64→64 3×3 weights: mlir-opt
+    aborted compiling a UNet's backward graph). The input gradient matches float64 eager."""
+    g = torch.Generator().manual_seed(1)
+    x, w, gy = (torch.randn(2, 64, 8, 8, generator=g), torch.randn(64, 64, 3, 3, generator=g),
+                torch.randn(2, 64, 8, 8, generator=g))
+
+    def dgrad(gy, x, w):
+        return torch.ops.aten.convolution_backward(gy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                                                   [True, False, False])[0]
+    ks = _kernels(dgrad, gy, x, w)
+    assert any("-" in e for k, _ in ks for o in k.operands for e in o.exprs)   # the flip is there
+    assert not [k for k, s in ks if s.strategy == "loops-forall" and any("-" in e for o in k.operands for e in o.exprs)]
+    got = torch.compile(dgrad, backend="neuron", dynamic=False)(gy, x, w)
+    torch.testing.assert_close(got.double(), dgrad(gy.double(), x.double(), w.double()), rtol=1e-5, atol=1e-4)

@@ -3,6 +3,7 @@ iteration order and LLVM's loop vectorizer does what it can. Applies to every ki
 when no other strategy selects a kernel."""
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Mapping
 
 from neuron_compile.codegen.kernels import KINDS, KernelInfo
@@ -41,6 +42,11 @@ class LoopsForall:
 
     def select(self, kernel: KernelInfo, target: TargetInfo) -> Schedule | None:
         if kernel.kind not in self.kinds or not kernel.ranges:
+            return None
+        if any(re.search(r"-|floordiv|mod|ceildiv", e) for o in kernel.operands for e in o.exprs):
+            # MLIR's tiling asserts on a negative coefficient (a flipped kernel ``2 - d2``: "nonpositive
+            # multiplying coefficient", mlir-opt aborted on a UNet's backward graph) and composes
+            # floordiv/mod maps wrongly at tile offsets the divisor does not divide: plain loops
             return None
         outs = [o for o in kernel.operands if o.output]
         # a dim inside any compound index (a window ``d2 + d5``, a group's ``d0 floordiv 2``) is
