@@ -49,10 +49,8 @@ class LoopsForall:
             # floordiv/mod maps wrongly at tile offsets the divisor does not divide: plain loops
             return None
         outs = [o for o in kernel.operands if o.output]
-        # a dim inside any compound index (a window ``d2 + d5``, a group's ``d0 floordiv 2``) is
-        # never split: tiling composes such maps wrongly at tile offsets the divisor does not
-        # divide (a depthwise weight gradient with channel multiplier 2 got wrong channels; found
-        # by a new user's trial), and an output window would let two tiles add into one element
+        # a dim inside a window index (``d2 + d5``) of any operand is never split: an output
+        # window would let two tiles add into one element
         windows = set().union(*(o.window_dims() for o in kernel.operands))
         plain = set.intersection(*(set(d for d in o.dims() if d is not None) for o in outs)) if outs else set()
         dims = []
