@@ -42,9 +42,11 @@ def _window(k: int, stride: Sequence[int], dilation: Sequence[int]) -> str:
 
 
 def pad_spatial(ctx: LoweringContext, x: TensorValue, padding: Sequence[int]) -> TensorValue:
-    """``x`` [N, C, spatial...] zero-padded by ``padding[i]`` on both sides of spatial dim i."""
+    """``x`` [N, C, spatial...] zero-padded by ``padding[i]`` on both sides of spatial dim i, as a
+    stored tensor; a lazy ``x`` (a fused pointwise producer) is computed straight into the padded
+    buffer, one pass where storing it and copying it in were two."""
     if not any(padding):
-        return x
+        return ctx.materialize(x)
     shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * p for i, p in enumerate(padding)]
     return ctx.insert_slice(x, ctx.fill(shape, x.dtype, 0), [0, 0] + list(padding))
 

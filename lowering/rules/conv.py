@@ -230,8 +230,7 @@ def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias
     gemm = conv_gemm.forward(ctx, x, w, bias, stride, padding, dilation, groups)  # x may be lazy
     if gemm is not None:
         return gemm
-    x = ctx.materialize(x)
-    shape, dtype = ctx.out_spec()
+    shape, dtype = ctx.out_spec()   # x may still be lazy: computed into its padded copy (_geometry)
     k, oc = x.rank - 2, w.shape[0]
     acc_dtype = _acc(dtype)
     if bias is not None:

@@ -15,6 +15,9 @@ Chosen numbers (forward, inference):
                           + ReLU is computed straight into the second convolution's zero-padded
                           input instead of stored and copied there, 7 before; ResNet block 3x3 64ch
                           56x56 batch 8: the two kernels 3.0 -> 1.9 ms, Sapphire Rapids, 1 thread)
+  affine, ReLU6,       2  (the prologue computed into the zero-padded input | the window contraction;
+  depthwise conv          stored, then copied into the padding, it was 3: MobileNetV2-style inference
+                          batch 16, those kernels 3.2-3.5 -> 2.5 ms, AMD Zen 4, 1 thread)
 """
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ CASES = {
                                                                                 training=False)), w2, padding=1),
                           lambda: [torch.randn(2, 16, 12, 12), torch.randn(16, 16, 3, 3), torch.randn(16, 16, 3, 3),
                                    torch.randn(16), torch.rand(16) + 0.5], 6),
+    "affine_relu6_depthwise": (lambda x, s, b, w: F.conv2d(torch.clamp(x * s + b, 0, 6), w, None, 2, 1, 1, 8),
+                               lambda: [torch.randn(2, 8, 11, 12), torch.randn(8, 1, 1), torch.randn(8, 1, 1),
+                                        torch.randn(8, 1, 3, 3)], 2),
 }
 
 
