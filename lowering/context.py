@@ -18,7 +18,8 @@ import torch
 from neuron_compile.codegen.kernels import KernelInfo, parse_map_results
 from neuron_compile.codegen.strategy import Schedule, TargetInfo
 from neuron_compile.codegen.kernels import Operand as KernelOperand
-from neuron_compile.lowering.lazy import LazyTensor, Leaf, pointwise
+from neuron_compile.lowering.lazy import (FROM_CHANNELS_LAST, TO_CHANNELS_LAST, LazyTensor, Leaf, channels_last_backed,
+                                          permuted, pointwise)
 from neuron_compile.lowering.locations import op_name
 from neuron_compile.lowering.ir import (Namer, Scalar, TensorValue, affine_map, numel, reassociation, storage_type,
                                         tensor_type)
@@ -331,6 +332,15 @@ class LoweringContext:
         cached = into is None and kernel
         if cached and id(v) in self.body.stored:
             return self.body.stored[id(v)][1]
+        if into is None and v.ops == 0 and len(v.leaves) == 1 and v.leaves[0].value.shape == v.shape \
+                and v.leaves[0].exprs == tuple(f"d{i}" for i in range(v.rank)) and v.leaves[0].value.dtype == v.dtype:
+            return v.leaves[0].value   # a read of a stored tensor as it is (a layout view read back): no copy
+        if cached and channels_last_backed(v):
+            # read channels-last, stored [N, C, H, W]: computed channels-last (contiguous reads),
+            # then one tiled transpose (``transpose-tiles``)
+            out = self.permute(self.materialize(permuted(v, TO_CHANNELS_LAST)), FROM_CHANNELS_LAST)
+            self.body.stored[id(v)] = (v, out)
+            return out
         init = into if into is not None else self.empty(v.shape, v.dtype)
         maps = [affine_map(v.rank, list(lf.exprs)) for lf in v.leaves]
         out = self.generic([lf.value for lf in v.leaves], maps, init, self.identity_map(v.rank),

@@ -30,7 +30,8 @@ from neuron_compile.lowering.context import PROFILE_TICK, FunctionBody, Lowering
 from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, reassociation, supported_dtype,
                                        tensor_bytes, tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
-from neuron_compile.lowering.lazy import LazyTensor
+from neuron_compile.lowering.lazy import (FROM_CHANNELS_LAST, TO_CHANNELS_LAST, LazyTensor, channels_last_backed,
+                                          permuted)
 from neuron_compile.lowering.registry import (LAZY_INPUT_KINDS, fusion_kind, get_lowering, reads_lazy_inputs,
                                               rule_file_for)
 from neuron_compile.lowering.outputs import live_nodes, plan_outputs
@@ -162,7 +163,7 @@ def lower_graph(gm: torch.fx.GraphModule, graph_name: str = "graph", profile: bo
         try:
             result = rule(ctx, *args, **kwargs)
             if not isinstance(result, tuple) and not stays_lazy(node) and not _cheap_to_recompute(node, result):
-                result = _materialize_all(ctx, result)  # tuple parts are decided at their getitem
+                result = _stored(ctx, result)  # tuple parts are decided at their getitem
             env[node] = result
         except RuleDeclined as declined:  # keep going so one error lists every unsupported op
             declines.append(UnsupportedOp(op_name(node), node.name, user_location(node),
@@ -419,6 +420,16 @@ def _cheap_to_recompute(node: torch.fx.Node, v: Any) -> bool:
         return False
     return all(u.op == "call_function" and u.target is not operator.getitem
                and fusion_kind(u.target) in LAZY_INPUT_KINDS and u.meta.get(KERNEL) is not None for u in node.users)
+
+
+def _stored(ctx: LoweringContext, v: Any) -> Any:
+    """``v`` written to memory at its kernel's end, in the layout it is computed in: a value read
+    from channels-last tensors is stored channels-last and passed on as a lazy read of that
+    tensor (channels-last consumers read it as stored; others get it transposed once, by
+    :meth:`LoweringContext.materialize`)."""
+    if channels_last_backed(v):
+        return permuted(ctx.materialize(permuted(v, TO_CHANNELS_LAST)), FROM_CHANNELS_LAST)
+    return _materialize_all(ctx, v)
 
 
 def _materialize_all(ctx: LoweringContext, v: Any) -> Any:

@@ -133,3 +133,36 @@ def pointwise(fn: Callable[..., Scalar], operands: Sequence[Any], out_shape: Seq
         return b.cast(fn(b, *vals), out_dtype)
 
     return LazyTensor(out_shape, out_dtype, tuple(leaves.items), body, ops)
+
+
+def permuted(v: TensorValue | LazyTensor, perm: Sequence[int]) -> LazyTensor:
+    """``v`` with its dims permuted (result dim i is ``v``'s dim ``perm[i]``), as a lazy read
+    through permuted indexing maps: no copy until a consumer materialises it."""
+    if isinstance(v, TensorValue):
+        v = LazyTensor(v.shape, v.dtype, (Leaf(v, tuple(f"d{i}" for i in range(v.rank))),),
+                       lambda b, xs: xs[0], ops=0)
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    outer = tuple(f"d{inv[k]}" for k in range(v.rank))   # v's dim k over the permuted domain
+    return LazyTensor(tuple(v.shape[p] for p in perm), v.dtype,
+                      tuple(Leaf(lf.value, compose(lf.exprs, outer)) for lf in v.leaves), v.fn, v.ops)
+
+
+NHWC_READ = ("d0", "d2", "d3", "d1")   # an [N, H, W, C] tensor read at the point (n, c, h, w)
+TO_CHANNELS_LAST, FROM_CHANNELS_LAST = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
+def channels_last_backed(v: object) -> bool:
+    """Whether ``v`` is an [N, C, H, W] lazy value computed from channels-last ([N, H, W, C])
+    tensors (a channels-last convolution's result and its pointwise consumers), every other leaf
+    per channel or a scalar: stored channels-last, it is written with contiguous reads."""
+    if not isinstance(v, LazyTensor) or v.rank != 4:
+        return False
+    found = False
+    for lf in v.leaves:
+        if lf.exprs == NHWC_READ:
+            found = True
+        elif not set(lf.exprs) <= {"d1", "0"}:
+            return False
+    return found

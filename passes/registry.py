@@ -12,6 +12,7 @@ from neuron_compile.errors import NeuronCompileError
 
 def _factories() -> dict[str, Callable[[str], object]]:
     from neuron_compile.passes.constant_fold import ConstantFold
+    from neuron_compile.passes.conv_layout import ChannelsLastConvolutions
     from neuron_compile.passes.cse import CommonSubexpressionElimination
     from neuron_compile.passes.dce import DeadCodeElimination
     from neuron_compile.passes.fold_identity_arith import FoldIdentityArith
@@ -29,14 +30,15 @@ def _factories() -> dict[str, Callable[[str], object]]:
         "fold-zeros-scatter": lambda g: FoldZerosScatter(),
         "constant-fold": lambda g: ConstantFold(),
         "fold-transpose-into-matmul": lambda g: FoldTransposeIntoMatmul(),
+        "channels-last-convolutions": lambda g: ChannelsLastConvolutions(),
         "fuse": lambda g: Fuse(),
     }
 
 
 PASS_NAMES = ("verify-lowerable", "dce", "cse", "fold-views", "fold-identity-arith", "fold-zeros-scatter",
-              "constant-fold", "fold-transpose-into-matmul", "fuse")
+              "constant-fold", "fold-transpose-into-matmul", "channels-last-convolutions", "fuse")
 DEFAULT_PIPELINE = ("verify-lowerable", "dce", "cse", "fold-views", "fold-identity-arith", "fold-zeros-scatter",
-                    "constant-fold", "fold-transpose-into-matmul", "dce", "fuse")
+                    "constant-fold", "fold-transpose-into-matmul", "dce", "channels-last-convolutions", "fuse")
 
 
 def parse_pass_spec(spec: str | None) -> tuple[str, ...]:

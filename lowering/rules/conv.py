@@ -12,10 +12,12 @@ import torch
 from neuron_compile.lowering import conv_gemm
 from neuron_compile.lowering.context import LoweringContext
 from neuron_compile.lowering.ir import TensorValue, affine_map
+from neuron_compile.lowering.lazy import FROM_CHANNELS_LAST, TO_CHANNELS_LAST, LazyTensor, channels_last_backed, permuted
 from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
 FUSION_KIND = "matmul"
+LAYOUT = "neuron_layout"   # node.meta key: "channels_last" where passes/layout.py chose it
 
 
 def _geometry(ctx: LoweringContext, x: TensorValue, w: TensorValue, stride, padding, dilation, groups: int):
@@ -214,10 +216,54 @@ def _depthwise_grad_weight_phases(ctx: LoweringContext, grad: TensorValue, x_pad
     return ctx.reshape(ctx.cast(out, grad.dtype), tuple(w_shape))
 
 
+def _to_channels_last(ctx: LoweringContext, x: "TensorValue | LazyTensor") -> "TensorValue | LazyTensor":
+    """``x`` [N, C, H, W] as [N, H, W, C]: a lazy read of a channels-last-backed value (no copy),
+    else a tiled transpose of the stored value (one ``transpose-tiles`` kernel: a pointwise kernel
+    reading it transposed is scalar)."""
+    if channels_last_backed(x):
+        return permuted(x, TO_CHANNELS_LAST)
+    return ctx.permute(ctx.materialize(x), TO_CHANNELS_LAST)
+
+
+def _channels_last(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: TensorValue, bias, stride, padding,
+                   dilation, groups: int) -> LazyTensor:
+    """A 2-D convolution computed channels-last ([N, H, W, C]), where ``passes/layout.py`` chose
+    it (a chain of 1×1 and depthwise convolutions, as MobileNet's blocks): a 1×1 convolution as
+    one GEMM ``rows [N·H·W, C] @ Wᵀ``, a depthwise one as a window contraction whose contiguous
+    dim is the channel (``window-stencil`` vectorizes it at any stride and plane size: NCHW
+    planes of 4×4 or stride 2 stayed scalar). The result is a lazy [N, C, H, W] read of the
+    channels-last tensor, so the chain's next convolution reads it as stored."""
+    shape, dtype = ctx.out_spec()
+    n, c, h, wd = x.shape
+    oc = w.shape[0]
+    b = ctx.materialize(bias) if bias is not None else None
+    if groups == 1:   # 1×1, unit stride, no padding
+        rows = ctx.reshape(ctx.materialize(_to_channels_last(ctx, x)), (n * h * wd, c))
+        out = ctx.matmul(rows, ctx.reshape(w, (oc, c)), dtype, trans_b=True, acc_init=b)
+        return permuted(ctx.reshape(out, (n, h, wd, oc)), FROM_CHANNELS_LAST)
+    stride, padding, dilation = _per_dim(2, stride, padding, dilation)
+    kh, kw = w.shape[2:]
+    xt = _to_channels_last(ctx, x)
+    padded = [n, h + 2 * padding[0], wd + 2 * padding[1], c]
+    xp = ctx.insert_slice(xt, ctx.fill(padded, dtype, 0), [0, padding[0], padding[1], 0]) if any(padding) \
+        else ctx.materialize(xt)
+    wt = ctx.permute(ctx.reshape(w, (c, kh, kw)), (1, 2, 0))
+    out_shape = [n, shape[2], shape[3], oc]
+    acc = ctx.materialize(ctx.broadcast_to(b, out_shape), kernel=False) if b is not None \
+        else ctx.fill(out_shape, dtype, 0)
+    x_map = affine_map(6, ["d0", f"d1 * {stride[0]} + d4 * {dilation[0]}", f"d2 * {stride[1]} + d5 * {dilation[1]}",
+                           "d3"])
+    out = ctx.generic([xp, wt], [x_map, affine_map(6, ["d4", "d5", "d3"])], acc,
+                      affine_map(6, ["d0", "d1", "d2", "d3"]), ["parallel"] * 4 + ["reduction"] * 2, _mac(dtype))
+    return permuted(out, FROM_CHANNELS_LAST)
+
+
 @register_lowering(aten.convolution.default)
 def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, padding, dilation,
                       transposed: bool, output_padding, groups: int) -> TensorValue:
     w = ctx.materialize(w)
+    if ctx.node is not None and ctx.node.meta.get(LAYOUT) == "channels_last":
+        return _channels_last(ctx, x, w, bias, stride, padding, dilation, groups)
     if transposed:
         shape, dtype = ctx.out_spec()
         x = ctx.materialize(x)
