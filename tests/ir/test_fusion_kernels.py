@@ -46,7 +46,7 @@ CASES = {
                                                                                 training=False)), w2, padding=1),
                           lambda: [torch.randn(2, 16, 12, 12), torch.randn(16, 16, 3, 3), torch.randn(16, 16, 3, 3),
                                    torch.randn(16), torch.rand(16) + 0.5], 6),
-    "affine_relu6_depthwise": (lambda x, s, b, w: F.conv2d(torch.clamp(x * s + b, 0, 6), w, None, 2, 1, 1, 8),
+    "affine_relu6_depthwise": (lambda x, s, b, w: F.conv2d(torch.clamp(x * s + b, 0, 6), w, None, 1, 1, 1, 8),
                                lambda: [torch.randn(2, 8, 11, 12), torch.randn(8, 1, 1), torch.randn(8, 1, 1),
                                         torch.randn(8, 1, 3, 3)], 2),
 }
