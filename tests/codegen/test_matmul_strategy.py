@@ -150,6 +150,9 @@ def test_a_gemm_one_vector_wide_takes_tiles_one_vector_wide(isa):
         for n in (vl, vl + 4):
             p = GemmProblem(64, n, 512, 0, "float32", False, False, True, True)
             assert applies(p, target) and plan(p, target).params["NR"] == vl
+        # in a batch (a convolution's GEMM per image) only whole vectors: the rows form is better
+        assert applies(GemmProblem(64, vl, 512, 16, "float32", False, False, True, True), target)
+        assert not applies(GemmProblem(64, vl + 4, 512, 16, "float32", False, False, True, True), target)
     assert not applies(GemmProblem(64, vl - 4, 512, 0, "float32", False, False, True, True), target)
 
 
