@@ -18,7 +18,7 @@ from neuron_compile.lowering.registry import register_lowering
 
 aten = torch.ops.aten
 FUSION_KIND = "matmul"
-LAYOUT = "neuron_layout"   # node.meta key: "channels_last" where passes/layout.py chose it
+LAYOUT = "neuron_layout"   # node.meta key: "channels_last" where passes/conv_layout.py chose it
 
 
 def _geometry(ctx: LoweringContext, x: TensorValue, w: TensorValue, stride, padding, dilation, groups: int):
@@ -281,7 +281,7 @@ def _to_channels_last(ctx: LoweringContext, x: "TensorValue | LazyTensor") -> "T
 
 def _channels_last(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: TensorValue, bias, stride, padding,
                    dilation, groups: int) -> LazyTensor:
-    """A 2-D convolution computed channels-last ([N, H, W, C]), where ``passes/layout.py`` chose
+    """A 2-D convolution computed channels-last ([N, H, W, C]), where ``passes/conv_layout.py`` chose
     it (a chain of 1×1 and depthwise convolutions, as MobileNet's blocks): a 1×1 convolution as
     one GEMM ``rows [N·H·W, C] @ Wᵀ``, a depthwise one as a window contraction whose contiguous
     dim is the channel (``window-stencil`` vectorizes it at any stride and plane size: NCHW
