@@ -400,6 +400,29 @@ def test_unscheduled_kernels_split_over_threads_only_along_plain_output_dims():
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("shape", [(4, 64, 64, 4, 16, 3, 1, 1), (2, 6, 9, 3, 9, 3, 1, 1), (2, 8, 4, 2, 7, 5, 2, 2),
+                                   (1, 6, 12, 3, 6, 2, 0, 1)], ids=str)
+def test_grouped_input_gradient_is_a_grouped_forward_convolution(shape):
+    """At unit stride, the input gradient of a grouped convolution is the forward grouped
+    convolution of the padded gradient with each group's flipped, transposed kernel (one GEMM per
+    group), not a col2im scatter on loops (4 groups of 16 channels at 16×16: 3.8 ms at 2.8 GB/s);
+    against float64 eager."""
+    n, c, oc, g, hw, k, p, d = shape
+    gen = torch.Generator().manual_seed(c)
+    x, w = torch.randn(n, c, hw, hw + 1, generator=gen), torch.randn(oc, c // g, k, k, generator=gen)
+
+    def backward(gy, x, w):
+        return torch.ops.aten.convolution_backward(gy, x, w, None, [1, 1], [p, p], [d, d], False, [0, 0], g,
+                                                   [True, False, False])[0]
+    gy = torch.randn(F.conv2d(x, w, None, 1, p, d, g).shape, generator=gen)
+    if x.numel() >= 16384:   # (tiny copies stay plain loops by design)
+        ks = _kernels(backward, gy, x, w)
+        # the flipped, transposed kernel, weight-sized, is the only loop nest left unscheduled
+        assert [ki.ranges for ki, sc in ks if sc.strategy in ("loops", "loops-forall")] == [(c, oc // g, k, k)]
+    torch.testing.assert_close(neuron_compile(backward)(gy, x, w).double(),
+                               backward(gy.double(), x.double(), w.double()), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("case", ["multiplier 2, stride 2", "multiplier 2, stride (2, 1)", "3-d groups 3, 6 out"])
 def test_grouped_weight_gradients_with_several_channels_per_group_are_not_split_inside_a_floordiv(case):
     """The weight gradient's input channel is ``oc floordiv m``: split over threads at a tile
