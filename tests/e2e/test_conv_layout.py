@@ -93,7 +93,8 @@ def test_channels_last_chains_match_float64(case, head):
     model = _eval_model(*(_Block(*c) for c in cfgs), head=head)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
     _assert_as_float64(model, x)
-    _assert_as_float64(model, x.contiguous(memory_format=torch.channels_last))
+    if case == "stride 2 then residual":   # (an input in channels-last memory format: once is enough)
+        _assert_as_float64(model, x.contiguous(memory_format=torch.channels_last))
 
 
 def test_float64_chain_matches_float64_eager():
@@ -103,7 +104,7 @@ def test_float64_chain_matches_float64_eager():
         torch.testing.assert_close(neuron_compile(model)(x), model(x), rtol=1e-12, atol=1e-12)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(c=st.integers(1, 40), expand=st.integers(1, 4), k=st.sampled_from([1, 2, 3, 5]), stride=st.integers(1, 3),
        dilation=st.integers(1, 2), hw=st.tuples(st.integers(1, 9), st.integers(1, 9)), bias=st.booleans(),
        n=st.integers(1, 3))
