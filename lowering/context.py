@@ -338,7 +338,7 @@ class LoweringContext:
         if cached and channels_last_backed(v):
             # read channels-last, stored [N, C, H, W]: computed channels-last (contiguous reads),
             # then one tiled transpose (``transpose-tiles``)
-            out = self.permute(self.materialize(permuted(v, TO_CHANNELS_LAST)), FROM_CHANNELS_LAST)
+            out = self.permute(self.stored_channels_last(v), FROM_CHANNELS_LAST)
             self.body.stored[id(v)] = (v, out)
             return out
         init = into if into is not None else self.empty(v.shape, v.dtype)
@@ -348,6 +348,11 @@ class LoweringContext:
         if cached:
             self.body.stored[id(v)] = (v, out)
         return out
+
+    def stored_channels_last(self, v: "TensorValue | LazyTensor") -> TensorValue:
+        """An [N, C, H, W] value written as an [N, H, W, C] tensor (contiguous reads where ``v`` is
+        read from channels-last tensors: :func:`~neuron_compile.lowering.lazy.channels_last_backed`)."""
+        return self.materialize(permuted(v, TO_CHANNELS_LAST))
 
     def cast(self, v: "TensorValue | LazyTensor", dtype: torch.dtype) -> "TensorValue | LazyTensor":
         if v.dtype == dtype:

@@ -30,8 +30,7 @@ from neuron_compile.lowering.context import PROFILE_TICK, FunctionBody, Lowering
 from neuron_compile.lowering.ir import (TensorValue, contiguous_strides, memref_type, reassociation, supported_dtype,
                                        tensor_bytes, tensor_type)
 from neuron_compile.lowering.locations import mlir_location, op_name, user_location
-from neuron_compile.lowering.lazy import (FROM_CHANNELS_LAST, TO_CHANNELS_LAST, LazyTensor, channels_last_backed,
-                                          permuted)
+from neuron_compile.lowering.lazy import FROM_CHANNELS_LAST, LazyTensor, channels_last_backed, permuted
 from neuron_compile.lowering.registry import (LAZY_INPUT_KINDS, fusion_kind, get_lowering, reads_lazy_inputs,
                                               rule_file_for)
 from neuron_compile.lowering.outputs import live_nodes, plan_outputs
@@ -428,7 +427,7 @@ def _stored(ctx: LoweringContext, v: Any) -> Any:
     tensor (channels-last consumers read it as stored; others get it transposed once, by
     :meth:`LoweringContext.materialize`)."""
     if channels_last_backed(v):
-        return permuted(ctx.materialize(permuted(v, TO_CHANNELS_LAST)), FROM_CHANNELS_LAST)
+        return permuted(ctx.stored_channels_last(v), FROM_CHANNELS_LAST)
     return _materialize_all(ctx, v)
 
 

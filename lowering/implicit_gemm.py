@@ -37,6 +37,14 @@ def _round_up(v: int, q: int) -> int:
     return -(-v // q) * q
 
 
+def padded_rows(hp: int, wp: int, cols: int, kh: int, kw: int, dh: int, dw: int) -> int:
+    """Rows of a padded input of width ``wp`` (``hp`` rows with their padding) so that the windows
+    of ``cols`` positions of its flattened plane stay inside it: rows of zeros below the image
+    hold the last columns' wrapped windows."""
+    reach = (cols - 1) + (kh - 1) * dh * wp + (kw - 1) * dw + 1
+    return max(hp, -(-reach // wp))
+
+
 def schedule(ctx: LoweringContext, n: int, oc: int, cols: int, c: int, kk: int, dtype: torch.dtype
              ) -> dict[str, Any] | None:
     """The GEMM schedule for the implicit product (``None`` when the tiled GEMM does not take it):
@@ -91,8 +99,7 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
     mr, nr = q["MR"], q["NR"]
     mp, np_ = q["problem"]["m"], q["problem"]["n"]
     # rows of zeros below the image so the last padded column's windows stay inside the input
-    reach = (np_ - 1) + (kh - 1) * dh * wp + (kw - 1) * dw + 1
-    hx = max(hp, -(-reach // wp))
+    hx = padded_rows(hp, wp, np_, kh, kw, dh, dw)
     xp = ctx.insert_slice(x, ctx.fill([n, c, hx, wp], dtype, 0), [0, 0, ph, pw])
     xf = ctx.reshape(xp, (n, c, hx * wp))
     wt = ctx.insert_slice(w, ctx.fill([mp, c, kh, kw], dtype, 0), [0, 0, 0, 0]) if mp > oc else w
@@ -183,8 +190,7 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     mr, nr, kc = q["MR"], q["NR"], q["KC"]
     cp, ocp = _round_up(c, mr), _round_up(oc, nr)
     pp = _round_up(oh * wp, kc)
-    reach = (pp - 1) + (kh - 1) * dh * wp + (kw - 1) * dw + 1
-    hx, hg = max(hp, -(-reach // wp)), -(-pp // wp)
+    hx, hg = padded_rows(hp, wp, pp, kh, kw, dh, dw), -(-pp // wp)
     xf = ctx.reshape(ctx.insert_slice(x, ctx.fill([n, cp, hx, wp], dtype, 0), [0, 0, ph, pw]), (n, cp, hx * wp))
     gw = ctx.reshape(ctx.insert_slice(g, ctx.fill([n, ocp, hg, wp], dtype, 0), [0, 0, 0, 0]), (n, ocp, hg * wp))
     gw = ctx.extract_slice(gw, [0, 0, 0], [n, ocp, pp], [1, 1, 1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from neuron_compile.lowering import conv_gemm
+from neuron_compile.lowering import conv_gemm, implicit_gemm
 from neuron_compile.lowering.context import LoweringContext
 from neuron_compile.lowering.ir import TensorValue, affine_map
 from neuron_compile.lowering.lazy import (FROM_CHANNELS_LAST, TO_CHANNELS_LAST, LazyTensor, channels_last_backed,
@@ -126,9 +126,7 @@ def _depthwise_rows(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: Tens
                           ["parallel"] * 4 + ["reduction"] * 2, _mac(acc_dtype))
         crop = ctx.extract_slice(out, [0, 0, 0, 0], [n, c, oh, ow], [1, 1, 1, sw])
     elif sh == sw == 1 and ow < half <= oh * wp:
-        # rows of zeros below the image so the last row's wrapped windows stay inside the input
-        reach = (oh - 1 + (kh - 1) * dh) * wp + wp + (kw - 1) * dw
-        hx = max(hp, -(-reach // wp))
+        hx = implicit_gemm.padded_rows(hp, wp, oh * wp, kh, kw, dh, dw)
         xf = ctx.reshape(ctx.insert_slice(x, ctx.fill([n, c, hx, wp], x.dtype, 0), [0, 0, ph, pw]), (n, c, hx * wp))
         x_map = affine_map(5, ["d0", "d1", f"d2 + d3 * {dh * wp} + d4 * {dw}"])
         out = ctx.generic([xf, w], [x_map, affine_map(5, ["d1", "0", "d3", "d4"])],
