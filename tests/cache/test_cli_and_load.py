@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,38 +21,48 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_cache_info_list_verify_clear(tmp_path):
+def cli_here(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``cli`` in this process (``main``'s exit status, or argparse's): a process costs ~1.3 s."""
+    from neuron_compile.cli import main
+    capsys.readouterr()
+    try:
+        rc = main(list(args))
+    except SystemExit as exc:
+        rc = exc.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, rc, out.out, out.err)
+
+
+def test_cache_info_list_verify_clear(tmp_path, capsys):
     compile_and_run(tmp_path)
     compile_and_run(tmp_path, opt_level=1)
     info = json.loads(cli("cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)
     assert info["entries"] == 2 and info["bytes"] > 0 and info["usable"]
-    listing = json.loads(cli("cache", "list", "--json", "--cache-dir", str(tmp_path)).stdout)
+    listing = json.loads(cli_here(capsys, "cache", "list", "--json", "--cache-dir", str(tmp_path)).stdout)
     assert len(listing) == 2 and all(r["ops"] >= 2 and r["name"].startswith("graph_") for r in listing)
-    human = cli("cache", "list", "--cache-dir", str(tmp_path)).stdout
+    human = cli_here(capsys, "cache", "list", "--cache-dir", str(tmp_path)).stdout
     assert "graph_" in human and "KiB" in human
-    ok = cli("cache", "verify", "--cache-dir", str(tmp_path))
+    ok = cli_here(capsys, "cache", "verify", "--cache-dir", str(tmp_path))
     assert ok.returncode == 0 and "2 ok, 0 bad" in ok.stdout
     victim = Path(listing[0]["key"][:2]) / listing[0]["key"]
     with open(tmp_path / LAYOUT / victim / NATIVE, "r+b") as fh:
         fh.truncate(10)
-    bad = cli("cache", "verify", "--json", "--cache-dir", str(tmp_path))
+    bad = cli_here(capsys, "cache", "verify", "--json", "--cache-dir", str(tmp_path))
     assert bad.returncode == 1
     assert [r["ok"] for r in json.loads(bad.stdout)].count(False) == 1
-    assert "removed 0" in cli("cache", "clear", "--older-than", "1", "--cache-dir", str(tmp_path)).stdout
+    assert "removed 0" in cli_here(capsys, "cache", "clear", "--older-than", "1", "--cache-dir", str(tmp_path)).stdout
     for age in ("-5", "nan", "soon"):  # would have selected every entry, or is no age at all
-        refused = cli("cache", "clear", "--older-than", age, "--cache-dir", str(tmp_path))
+        refused = cli_here(capsys, "cache", "clear", "--older-than", age, "--cache-dir", str(tmp_path))
         assert refused.returncode == 2 and "--older-than" in refused.stderr
-    assert json.loads(cli("cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)["entries"] == 2
-    assert "removed 2" in cli("cache", "clear", "--cache-dir", str(tmp_path)).stdout
-    assert json.loads(cli("cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)["entries"] == 0
+    assert json.loads(cli_here(capsys, "cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)["entries"] == 2
+    assert "removed 2" in cli_here(capsys, "cache", "clear", "--cache-dir", str(tmp_path)).stdout
+    assert json.loads(cli_here(capsys, "cache", "info", "--json", "--cache-dir", str(tmp_path)).stdout)["entries"] == 0
 
 
 @pytest.mark.parametrize("mode", ["native", "jit"])
 def test_load_executable_runs_a_stored_graph(tmp_path, mode):
     compile_and_run(tmp_path)
-    t0 = time.perf_counter()
     exe = load_executable(only_entry(tmp_path), mode=mode)
-    assert time.perf_counter() - t0 >= 0  # (load time is reported by benchmarks/compile_time.py)
     x, w = torch.randn(4, 8), torch.randn(8, 3)
     (out,) = [o for o in exe([x, w]) if isinstance(o, torch.Tensor)][:1]
     torch.testing.assert_close(out, f(x, w))

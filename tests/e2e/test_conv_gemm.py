@@ -70,8 +70,11 @@ def _assert_like_float64(fn, args, tol=None):
         torch.testing.assert_close(got, want.to(dtype), **tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("case", list(CASES))
+# float64 takes the same strategies with half the vector width: one case per path is enough there
+FLOAT64 = ("3x3 pad 1", "3x3 stride 2", "1-d", "3-d", "3x3 40 outputs", "3x3 at 4x4", "1x1 few inputs at 4x4")
+
+
+@pytest.mark.parametrize("case,dtype", [(c, torch.float32) for c in CASES] + [(c, torch.float64) for c in FLOAT64])
 def test_convolution_and_its_gradients_match_eager_at_float64(case, dtype):
     xs, ws, has_bias, stride, padding, dilation = CASES[case]
     g = torch.Generator().manual_seed(len(case))

@@ -84,11 +84,11 @@ CHAINS = {
 HEADS = ["mean", "max_pool", "flatten", "output"]
 
 
-@pytest.mark.parametrize("case,head", [("stride 2 then residual", h) for h in HEADS]
+@pytest.mark.parametrize("case,head", [("stride 2 then residual", h) for h in HEADS if h != "mean"]
                          + [(c, "mean") for c in CHAINS if c != "stride 2 then residual"])
 def test_channels_last_chains_match_float64(case, head):
     """Every way out of the chain (a pooling head, a view, a graph output) on one chain; the
-    geometries with a pooling head."""
+    other geometries with a mean head."""
     cfgs, shape = CHAINS[case]
     model = _eval_model(*(_Block(*c) for c in cfgs), head=head)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
