@@ -141,8 +141,7 @@ def outline_kernels(mlir: str, groups: Sequence[Sequence[int]], function: str = 
     head = next((i for i, l in enumerate(lines) if l.startswith(f"  func.func @{function}(")), None)
     if head is None:
         return mlir
-    lines[head] = lines[head].replace("attributes {llvm.emit_c_interface}",
-                                      f"attributes {{llvm.emit_c_interface, {CODE_ATTR}}}", 1)
+    lines[head] = lines[head].replace("attributes {", f"attributes {{{CODE_ATTR}, ", 1)
     if not groups:
         return "\n".join(lines)
     end = next(i for i in range(head + 1, len(lines)) if lines[i] == "  }")
