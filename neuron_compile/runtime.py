@@ -117,9 +117,13 @@ class Executable:
         self._pointers = ctypes.c_void_p * n
         self._sizes = [torch.Size(s.shape) for s in plan.input_specs]
         self._keepalive = keepalive  # the loaded library / JIT engine owning the code
-        # bytes of stack temporaries the kernels keep per block (neuron_compile.stack_guard)
-        self._stack_need = max((int(k.get("schedule", {}).get("params", {}).get("stack_bytes", 0))
-                                for k in self.kernels), default=0)
+        # bytes of stack a call needs below its caller (neuron_compile.stack_guard): the frames of the
+        # entry point and the graph's function, which hold a descriptor per memref (a graph with 400
+        # inputs and 400 outputs overflowed a 64 KiB thread before it ran a kernel), and the most
+        # stack temporaries a kernel keeps per block
+        from neuron_compile.kernel_runtime import entry_frame_bytes
+        self._stack_need = entry_frame_bytes([*plan.input_specs, *plan.host_specs, *plan.output_specs]) + max(
+            (int(k.get("schedule", {}).get("params", {}).get("stack_bytes", 0)) for k in self.kernels), default=0)
         from neuron_compile import profile
         self.profile = profile.attach(self, keepalive)  # None unless compiled with NEURON_PROFILE
 
@@ -156,7 +160,7 @@ class Executable:
         return out.contiguous() if isinstance(out, torch.Tensor) else out
 
     def __call__(self, args: Sequence[Any]) -> list[Any]:
-        if self._stack_need and stack_guard.stack_too_small(self._stack_need):
+        if stack_guard.stack_too_small(self._stack_need):
             return stack_guard.run_on_large_stack(lambda: self._call(args))
         return self._call(args)
 

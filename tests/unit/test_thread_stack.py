@@ -126,3 +126,29 @@ def test_a_thread_with_a_smaller_stack_than_at_compile_time_gets_the_same_values
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
+
+
+def test_a_graph_with_many_tensors_runs_from_a_small_thread_stack(tmp_path):
+    # 150 inputs and 150 outputs: the entry point's descriptors (~29 KB) overflowed a 32 KiB thread
+    # before any kernel ran (a segmentation fault); the runtime counts them in the call's stack need
+    script = textwrap.dedent("""
+        import threading
+        import torch
+        from tests.conftest import neuron_compile
+        xs = [torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(i)) for i in range(150)]
+        f = neuron_compile(lambda *xs: [x * (i + 1) for i, x in enumerate(xs)])
+        main = f(*xs)
+        threading.stack_size(32 * 1024)
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("out", f(*xs)))
+        t.start()
+        t.join()
+        assert all(torch.equal(a, b) for a, b in zip(got["out"], main))
+        assert all(torch.equal(a, x * (i + 1)) for i, (a, x) in enumerate(zip(main, xs)))
+        print("ok")
+    """)
+    env = {**os.environ, "NEURON_CACHE_DIR": str(tmp_path)}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
