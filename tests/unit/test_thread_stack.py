@@ -76,11 +76,7 @@ def test_a_64k_openmp_stack_runs_a_fused_softmax(tmp_path):
         torch.testing.assert_close(out, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-6)
         print("ok")
     """)
-    env = {**os.environ, "OMP_STACKSIZE": "64K", "NEURON_CACHE_DIR": str(tmp_path)}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
+    _run_prints_ok(script, tmp_path, OMP_STACKSIZE="64K")
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -121,11 +117,7 @@ def test_a_thread_with_a_smaller_stack_than_at_compile_time_gets_the_same_values
         torch.testing.assert_close(main, torch.softmax(x.double(), -1).float(), rtol=1e-5, atol=1e-6)
         print("ok")
     """)
-    env = {**os.environ, "NEURON_CACHE_DIR": str(tmp_path)}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
+    _run_prints_ok(script, tmp_path)
 
 
 def test_a_graph_with_many_tensors_runs_from_a_small_thread_stack(tmp_path):
@@ -147,7 +139,13 @@ def test_a_graph_with_many_tensors_runs_from_a_small_thread_stack(tmp_path):
         assert all(torch.equal(a, x * (i + 1)) for i, (a, x) in enumerate(zip(main, xs)))
         print("ok")
     """)
-    env = {**os.environ, "NEURON_CACHE_DIR": str(tmp_path)}
+    _run_prints_ok(script, tmp_path)
+
+
+def _run_prints_ok(script: str, cache_dir, **env_vars: str) -> None:
+    """``script`` in a fresh interpreter from the repository root (a crash fails this test, not the
+    suite), with its own cache and ``env_vars``; it must exit 0 and print ``ok`` last."""
+    env = {**os.environ, **env_vars, "NEURON_CACHE_DIR": str(cache_dir)}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                        timeout=600)
