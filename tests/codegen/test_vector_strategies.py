@@ -417,9 +417,30 @@ def test_an_expanded_input_is_reduced_along_its_rows():
         assert (out.double() - reference).abs().max().item() <= 5 * eager_error
 
 
+def _row_dims_by_definition(group, uses):
+    """``row_dims`` as its docstring defines it, recomputed from the whole run."""
+    from neuron_compile.codegen.strategies.fused_rows import _lead
+
+    def closed(p):
+        for i, k in enumerate(group[:-1]):
+            for r in k.results:
+                reads = [o for later in group[i + 1:] for o in later.inputs if o.value == r]
+                if not reads or uses.get(r, 0) != len(reads) or \
+                        any(tuple(o.exprs[:p]) != tuple(f"d{q}" for q in range(p)) for o in reads):
+                    return False
+        return True
+    p = min(_lead(k) for k in group)
+    while p and any(k.ranges[:p] != group[0].ranges[:p] for k in group):
+        p -= 1
+    while p and not closed(p):
+        p -= 1
+    return p
+
+
 def _groups_by_definition(kernels, uses):
     """``find_groups`` as its docstring defines it, recomputing ``row_dims`` for every candidate run."""
-    from neuron_compile.codegen.strategies.fused_rows import _row_kernel, row_dims
+    from neuron_compile.codegen.strategies.fused_rows import _row_kernel
+    row_dims = _row_dims_by_definition
     groups, i = [], 0
     while i < len(kernels):
         best, j = None, i + 1
@@ -439,7 +460,7 @@ def _groups_by_definition(kernels, uses):
 def test_row_chains_are_found_as_by_definition(case):
     """The incremental scan (linear per start; re-testing every run was quartic: 125 s for 200
     independent softmaxes) groups the kernels exactly as the definition does."""
-    from neuron_compile.codegen.strategies.fused_rows import find_groups
+    from neuron_compile.codegen.strategies.fused_rows import find_groups, row_dims
     if case == "independent softmaxes":
         fn, args = (lambda *xs: [x.softmax(-1) * (i + 1) for i, x in enumerate(xs)]), [torch.randn(2, 3, 4, 5)] * 12
     elif case == "layer_norm and softmax":
@@ -451,3 +472,5 @@ def test_row_chains_are_found_as_by_definition(case):
     _, lowered = lower(fn, *args)
     got = [[k.id for k in g] for g in find_groups(lowered.kernels, lowered.value_uses)]
     assert got == _groups_by_definition(lowered.kernels, lowered.value_uses) and got
+    for g in find_groups(lowered.kernels, lowered.value_uses):
+        assert row_dims(g, lowered.value_uses) == _row_dims_by_definition(g, lowered.value_uses)

@@ -68,28 +68,16 @@ def _rows_at(p: int) -> tuple[str, ...]:
     return tuple(f"d{i}" for i in range(p))
 
 
-def _closed(group: Sequence[KernelInfo], uses: Mapping[str, int], p: int = 1) -> bool:
-    """Every result of a non-last member is used only by later members, at their row
-    ``(d0, ..., d{p-1})``."""
-    for i, k in enumerate(group[:-1]):
-        for r in k.results:
-            reads = [o for later in group[i + 1:] for o in later.inputs if o.value == r]
-            if not reads or uses.get(r, 0) != len(reads) or any(tuple(o.exprs[:p]) != _rows_at(p) for o in reads):
-                return False
-    return True
-
-
 def row_dims(group: Sequence[KernelInfo], uses: Mapping[str, int]) -> int:
     """The leading dims the chain is blocked over (0: the chain does not qualify): the most that
     every member iterates in parallel with equal ranges, and at which every member reads the
     earlier ones' results (softmax over ``(B, H, S, S)``: 3, so blocks of rows span heads and
-    batches instead of one block per batch)."""
-    p = min(_lead(k) for k in group)
-    while p and any(k.ranges[:p] != group[0].ranges[:p] for k in group):
-        p -= 1
-    while p and not _closed(group, uses, p):
-        p -= 1
-    return p
+    batches instead of one block per batch), where every result of a non-last member is used only
+    by later members."""
+    chain = _Chain(group[0], uses)
+    for k in group[1:]:
+        chain.add(k)
+    return chain.dims()
 
 
 def find_groups(kernels: Sequence[KernelInfo], uses: Mapping[str, int], skip: set[int] = frozenset()
@@ -137,7 +125,7 @@ class _Chain:
             self.open.add(r)
 
     def add(self, k: KernelInfo) -> int:
-        """Append ``k``; :func:`row_dims` of the run so far."""
+        """Append ``k``; :func:`row_dims` of the run with it."""
         for r in self.last.results:   # the previous last member is no longer last
             self.reads.setdefault(r, 0)
             self._settle(r)
@@ -154,6 +142,10 @@ class _Chain:
             lead += 1
         self.limit = min(self.limit, lead)
         self.last = k
+        return self.dims()
+
+    def dims(self) -> int:
+        """:func:`row_dims` of the run."""
         return 0 if self.open else min(self.limit, self.aligned)
 
 
