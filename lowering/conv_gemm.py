@@ -154,15 +154,39 @@ def gemm_applies(ctx: LoweringContext, m: int, n: int, k: int, batch: int, dtype
                                          not trans_b, batch > 1), target)
 
 
-def _folds_batch(ctx: LoweringContext, cols: int, dtype: torch.dtype) -> bool:
+# the least share of useful columns for which the implicit GEMM is kept over the rows form
+IMPLICIT_MIN_USE = 0.6
+
+
+def _folds_batch(ctx: LoweringContext, cols: int, dtype: torch.dtype, grid: int | None = None) -> bool:
     """Whether a convolution's products take the rows form (the batch's output positions as the
-    GEMM's rows): where one image has fewer output positions than a register tile has columns,
-    so a product per image would not run on the tiled GEMM (forward) or would have K = OH·OW."""
+    GEMM's rows): where one image has fewer output positions (``cols``) than a register tile has
+    columns, so a product per image would not run on the tiled GEMM (forward) or would have
+    K = OH·OW; or where the implicit GEMM's padded grid (``grid`` = OH·Wp columns, rounded up to
+    whole register tiles) would be less than :data:`IMPLICIT_MIN_USE` useful columns. On AVX2
+    tiles (16 columns) a 4×4 image is 24 grid columns in 32: the implicit forms computed twice
+    the product, and ResNet-18's 256-channel 3×3 training step took 21 ms where eager took 13
+    (AMD Zen 3, 1 thread); AVX-512 tiles (32 columns) had sent 4×4 images to the rows form by
+    the first rule."""
     from neuron_compile.codegen.strategies import matmul as gemm
     target = ctx.body.target
     if target is None or target.isa not in gemm.ISA_TABLE:
         return False
-    return cols < gemm.ISA_TABLE[target.isa]["NR"] // (2 if dtype == torch.float64 else 1)
+    nr = gemm.ISA_TABLE[target.isa]["NR"] // (2 if dtype == torch.float64 else 1)
+    return cols < nr or (grid is not None and cols < IMPLICIT_MIN_USE * (-(-grid // nr) * nr))
+
+
+def _one_register_tile(ctx: LoweringContext, m: int, n: int, dtype: torch.dtype) -> bool:
+    """Whether an M×N product fits in one register tile: a weight gradient that small is one window
+    sum per element (the direct form, ``window-reduction``); as a GEMM per image it spent its time
+    packing B (1×1 16 → 4 channels at 8×16×64×64: 0.47 ms as a GEMM, eager 0.23; AMD Zen 3, AVX2
+    tiles of 6×16, 1 thread)."""
+    from neuron_compile.codegen.strategies import matmul as gemm
+    target = ctx.body.target
+    if target is None or target.isa not in gemm.ISA_TABLE:
+        return False
+    t = gemm.ISA_TABLE[target.isa]
+    return m * n <= max(t["MR_alt"]) * t["NR"] // (2 if dtype == torch.float64 else 1)
 
 
 def _geometry(x: TensorValue, w_shape: Sequence[int], stride, padding, dilation):
@@ -194,32 +218,45 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, 
         if not conv_grouped.applies(ctx, groups, x.shape[1], oc, math.prod(ks), n * cols, dtype):
             return None
         return conv_grouped.forward(ctx, ctx.materialize(x), w, bias, shape, groups, ks, stride, padding, dilation)
-    if implicit_gemm.applies_to(x.rank, stride, groups) and \
-            (y := implicit_gemm.forward(ctx, x, w, ctx.materialize(bias) if bias is not None else None,
-                                        padding, dilation)) is not None:
+    unit = implicit_gemm.applies_to(x.rank, stride, groups)
+    grid = shape[2] * (x.shape[3] + 2 * padding[1]) if unit else None
+    if _folds_batch(ctx, cols, dtype, grid) and \
+            (y := _rows_forward(ctx, x, w, bias, shape, stride, padding, dilation, ks)) is not None:
+        return y
+    if unit and (y := implicit_gemm.forward(ctx, x, w, ctx.materialize(bias) if bias is not None else None,
+                                            padding, dilation)) is not None:
         return y
     if not gemm_applies(ctx, oc, cols, rows, n if n > 1 else 0, dtype):
-        if not gemm_applies(ctx, n * cols, oc, rows, 0, dtype, trans_b=True):
-            return None
-        # few output positions per image (late ResNet stages: 4×4, 2×2): the batch's positions are
-        # the rows of one channels-last GEMM [N·OH·OW, C·KK] @ Wᵀ, transposed back to NCHW
-        a = im2col_rows(ctx, ctx.materialize(x), ks, shape[2:], stride, padding, dilation)
-        if n * cols < oc and gemm_applies(ctx, oc, n * cols, rows, 0, dtype, trans_b=True):
-            # fewer rows than output channels (ResNet-18's 512-channel stage at 2×2, batch 16:
-            # 64 rows): W [OC, C·KK] @ rowsᵀ streams the weight as stored, where rows @ Wᵀ
-            # packed (transposed) all of it on every call (64×512 by K = 4608: 6.6 → 4.0 ms, eager
-            # 5.0; AMD Zen 4, 1 thread)
-            acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
-            out = ctx.matmul(ctx.reshape(w, (oc, rows)), a, dtype, trans_b=True, acc_init=acc)
-            return ctx.reshape(ctx.permute(ctx.reshape(out, (oc, n, cols)), (1, 0, 2)), tuple(shape))
-        out = ctx.matmul(a, ctx.reshape(w, (oc, rows)), dtype, trans_b=True,
-                         acc_init=ctx.materialize(bias) if bias is not None else None)
-        return ctx.reshape(ctx.permute(ctx.reshape(out, (n, cols, oc)), (0, 2, 1)), tuple(shape))
+        return _rows_forward(ctx, x, w, bias, shape, stride, padding, dilation, ks)
     x = ctx.materialize(x)  # a lazy input (a fused producer) is read in place only by the implicit GEMM
     col = _images(ctx, im2col(ctx, x, ks, shape[2:], stride, padding, dilation))
     acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
     out = ctx.matmul(ctx.reshape(w, (oc, rows)), col, dtype, acc_init=acc)
     return ctx.reshape(out, tuple(shape))
+
+
+def _rows_forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, shape: Sequence[int], stride,
+                  padding, dilation, ks: Sequence[int]) -> TensorValue | None:
+    """:func:`forward` in the rows form, or ``None`` where the tiled GEMM does not take it: few
+    output positions per image (late ResNet stages: 4×4, 2×2), the batch's positions are the rows
+    of one channels-last GEMM [N·OH·OW, C·KK] @ Wᵀ, transposed back to NCHW."""
+    dtype = x.dtype
+    n, oc = shape[0], shape[1]
+    rows, cols = x.shape[1] * math.prod(ks), math.prod(shape[2:])
+    if not gemm_applies(ctx, n * cols, oc, rows, 0, dtype, trans_b=True):
+        return None
+    a = im2col_rows(ctx, ctx.materialize(x), ks, shape[2:], stride, padding, dilation)
+    if n * cols < oc and gemm_applies(ctx, oc, n * cols, rows, 0, dtype, trans_b=True):
+        # fewer rows than output channels (ResNet-18's 512-channel stage at 2×2, batch 16:
+        # 64 rows): W [OC, C·KK] @ rowsᵀ streams the weight as stored, where rows @ Wᵀ
+        # packed (transposed) all of it on every call (64×512 by K = 4608: 6.6 → 4.0 ms, eager
+        # 5.0; AMD Zen 4, 1 thread)
+        acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
+        out = ctx.matmul(ctx.reshape(w, (oc, rows)), a, dtype, trans_b=True, acc_init=acc)
+        return ctx.reshape(ctx.permute(ctx.reshape(out, (oc, n, cols)), (1, 0, 2)), tuple(shape))
+    out = ctx.matmul(a, ctx.reshape(w, (oc, rows)), dtype, trans_b=True,
+                     acc_init=ctx.materialize(bias) if bias is not None else None)
+    return ctx.reshape(ctx.permute(ctx.reshape(out, (n, cols, oc)), (0, 2, 1)), tuple(shape))
 
 
 def grad_input(ctx: LoweringContext, g: TensorValue, w: TensorValue, in_shape: Sequence[int], stride, padding,
@@ -238,7 +275,9 @@ def grad_input(ctx: LoweringContext, g: TensorValue, w: TensorValue, in_shape: S
             return None
         return conv_grouped.grad_input(ctx, g, w, in_shape, groups, ks, stride, padding, dilation)
     full = [d * (s - 1) - p for s, p, d in zip(ks, padding, dilation)]
-    if implicit_gemm.applies_to(g.rank, stride, groups) and min(full) >= 0 and math.prod(ks) > 1:
+    unit = implicit_gemm.applies_to(g.rank, stride, groups)
+    fold = _folds_batch(ctx, cols, dtype, in_shape[2] * (g.shape[3] + 2 * full[1]) if unit else None)
+    if unit and not fold and min(full) >= 0 and math.prod(ks) > 1:
         # unit stride: the input gradient is the full convolution of g with the flipped, transposed
         # kernel (padding d·(k-1) - p), an implicit GEMM like the forward
         flipped = ctx.generic([w], [affine_map(4, ["d1", "d0", f"{ks[0] - 1} - d2", f"{ks[1] - 1} - d3"])],
@@ -247,7 +286,7 @@ def grad_input(ctx: LoweringContext, g: TensorValue, w: TensorValue, in_shape: S
         gx = implicit_gemm.forward(ctx, g, flipped, None, full, dilation)
         if gx is not None and tuple(gx.shape) == tuple(in_shape):
             return gx
-    if _folds_batch(ctx, cols, dtype):
+    if fold:
         if not gemm_applies(ctx, n * cols, rows, oc, 0, dtype):
             return None
         # the rows form (see forward): [N·OH·OW, OC] @ W[OC, C·KK], then col2im from rows
@@ -275,7 +314,8 @@ def grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
         if not conv_grouped.applies(ctx, groups, x.shape[1], oc, math.prod(ks), n * cols, dtype):
             return None
         return conv_grouped.grad_weight(ctx, g, x, w_shape, groups, ks, stride, padding, dilation)
-    if _folds_batch(ctx, cols, dtype):
+    unit = implicit_gemm.applies_to(x.rank, stride, groups)
+    if _folds_batch(ctx, cols, dtype, g.shape[2] * (x.shape[3] + 2 * padding[1]) if unit else None):
         # the rows form (see forward): one GEMM over the batch's positions, K = N·OH·OW, where a
         # product per image would have K = OH·OW and a sum over images after it
         cols_rows = im2col_rows(ctx, x, ks, g.shape[2:], stride, padding, dilation)
@@ -288,9 +328,10 @@ def grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
         g_rows = ctx.reshape(ctx.permute(ctx.reshape(g, (n, oc, cols)), (0, 2, 1)), (n * cols, oc))
         gw_t = ctx.matmul(cols_rows, g_rows, dtype, trans_a=True)
         return ctx.reshape(ctx.permute(gw_t, (1, 0)), tuple(w_shape))
-    if implicit_gemm.applies_to(x.rank, stride, groups) and \
-            (gw := implicit_gemm.weight_grad(ctx, g, x, w_shape, padding, dilation)) is not None:
+    if unit and (gw := implicit_gemm.weight_grad(ctx, g, x, w_shape, padding, dilation)) is not None:
         return gw
+    if _one_register_tile(ctx, oc, rows, dtype):
+        return None
     swap = not gemm_applies(ctx, oc, rows, cols, n if n > 1 else 0, dtype)
     if swap and not gemm_applies(ctx, rows, oc, cols, n if n > 1 else 0, dtype, trans_b=True):
         return None
