@@ -45,6 +45,11 @@ MIN_ELEMENTS = 64    # smaller kernels stay plain loops (nothing to gain, compil
 BLOCK = 256          # columns per forall iteration of a column reduction
 LONG_BODY = 150      # region ops above which a step is 2 vectors instead of 4
 WINDOW_ROW = 512     # a windowed copy's contiguous extent, vectorized whole (one vector per row)
+# registers a copied row's vector may take: half of AVX2's 16. A 256-float row as one vector is 32
+# AVX2 registers, loaded before any is stored, so it spilled; and ``opt`` unrolled 64 such copies
+# into one block of 6,205 instructions, where llc's post-RA scheduler (quadratic in a block)
+# spent 3 of a grouped convolution's 4.5 s compile (AMD Zen 3)
+COPY_REGISTERS = 8
 
 _BITS = {"float64": 64, "int64": 64, "float32": 32, "int32": 32, "float16": 16, "bfloat16": 16, "int16": 16,
          "int8": 8, "uint8": 8, "bool": 8}
@@ -381,8 +386,8 @@ class ColumnReduction(_VectorStrategy):
 class CopyRows:
     """``copy-rows``: a ``linalg.copy`` into a slice (zero padding, concatenation), or a
     ``linalg.transpose`` that keeps the last dim last (attention's head split and merge), in rows
-    of the contiguous dim, each one vector (up to :data:`WINDOW_ROW` elements; longer rows in
-    pieces of at most that many, the last one peeled), an ``scf.forall`` over blocks of the outer
+    of the contiguous dim, each one vector (up to :data:`COPY_REGISTERS` registers; longer rows
+    in pieces of at most that many, the last one peeled), an ``scf.forall`` over blocks of the outer
     dims. As ``loops`` these copies ran at 3.4–11 GB/s (scalar loads and stores; the padded inputs
     of a ResNet block's convolutions took 19 ms of a 134 ms training step, the attention block's
     transposes 2 ms of 23; GPT-2's ``cat`` of 768-wide rows 0.13–0.2× eager)."""
@@ -411,9 +416,10 @@ class CopyRows:
             return None
         forall = chunk_tiles(outer, math.prod(shape)) + [0]
         params: dict = {"forall": forall}
-        if shape[-1] > WINDOW_ROW:   # pieces of whole vectors, dividing the row where some do
-            vl = max(1, target.vector_bits // element_bits(src.dtype))
-            params["piece"] = divisor_tile(shape[-1], WINDOW_ROW, vl) or WINDOW_ROW
+        vl = max(1, target.vector_bits // element_bits(src.dtype))
+        longest = min(WINDOW_ROW, COPY_REGISTERS * vl)
+        if shape[-1] > longest:   # pieces of whole vectors, dividing the row where some do
+            params["piece"] = divisor_tile(shape[-1], longest, vl) or longest
         return Schedule(self.name, params)
 
     def transform(self, k: KernelInfo, s: Schedule) -> str:
