@@ -277,7 +277,8 @@ class LoweringContext:
             self.body.add_kernel(KernelInfo(
                 kid, kind, ranges, tuple(iterators), operands, *self._provenance(), attrs=dict(attrs or {}),
                 gather=any("tensor.extract " in ln or "linalg.index " in ln or "scf.while " in ln for ln in region), body_ops=len(region),
-                fill_inits=tuple(v.name in self.body.fills for v in inits),
+                fill_inits=tuple(v.name in self.body.fills and o.covers(ranges)
+                                 for v, o in zip(inits, operands[len(ins):])),
                 results=(name,) if len(inits) == 1 else tuple(f"{name}#{k}" for k in range(len(inits)))))
         if len(inits) == 1:
             return [TensorValue(name, inits[0].shape, inits[0].dtype)]

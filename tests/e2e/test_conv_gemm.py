@@ -435,6 +435,34 @@ def test_col2im_is_never_split_across_threads_where_windows_overlap():
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("ks", [1, 3])
+def test_input_rows_no_window_reaches_get_a_zero_gradient_whatever_memory_held(ks):
+    """A stride-2 convolution at 8×8 without padding: no window reaches input row 7 or column 7,
+    whose gradient is 0. Its col2im's output index ``oh·2 + kh`` spans rows 0-6 only, so a zero
+    fill fused into each thread-pool tile (batch 16 splits) left row 7 holding freed memory
+    (1.8e37, NaN, or the 12345.0 freed just before; a new user's trial). The col2im keeps its fill
+    whole, and repeated calls after freeing poisoned buffers equal float64 eager."""
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(16, 32, 8, 8, generator=g), torch.randn(16, 32, ks, ks, generator=g)
+    fwd = lambda x, w: F.conv2d(x, w, stride=2)  # noqa: E731
+    gy = torch.randn(16, 16, (8 - ks) // 2 + 1, (8 - ks) // 2 + 1, generator=g)
+
+    def backward(g, x, w):
+        return torch.ops.aten.convolution_backward(g, x, w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1,
+                                                   [True, False, False])[0]
+    col2im = [k for k, _ in _kernels(backward, gy, x, w) if any(o.output and not o.covers(k.ranges) for o in k.operands)]
+    assert col2im and all(not any(k.fill_inits) for k in col2im)
+    fn = torch.compile(fwd, backend="neuron", dynamic=False)
+    xe = x.double().requires_grad_()
+    (want,) = torch.autograd.grad(fwd(xe, w.double()), xe, gy.double())
+    for _ in range(3):
+        junk = torch.full((16, 32, 8, 8), 12345.0)
+        del junk
+        xc = x.clone().requires_grad_()
+        (got,) = torch.autograd.grad(fn(xc, w), xc, gy)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
 def test_unscheduled_kernels_split_over_threads_only_along_plain_output_dims():
     """``loops-forall``: a strided depthwise forward whose rows are too short for any vector
     strategy on any ISA (2 outputs, 3 at unit stride: under half an AVX2 register) runs on the
