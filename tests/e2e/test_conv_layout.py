@@ -166,22 +166,26 @@ def test_depthwise_convolutions_of_the_chain_are_vectorized_over_channels():
     assert [k.ranges for k, _ in ks if k.kind == "transpose"] == [(2, 8, 8, 16), (3, 3, 96), (3, 3, 144)]
 
 
-def test_channels_last_depthwise_rows_are_cut_into_pieces_of_a_few_registers():
+@pytest.mark.parametrize("c, stride", [(384, 1), (600, 2)])
+def test_channels_last_depthwise_rows_are_cut_into_pieces_of_a_few_registers(c, stride):
     """A channels-last depthwise row (384 channels at 4×4) is cut into pieces of at most
     ``STENCIL_REGISTERS`` registers, each dividing the row: taken whole (48 AVX2 registers for
-    the accumulator alone) every multiply-add spilled (2.5 GFLOP/s; AMD Zen 3, 1 thread)."""
+    the accumulator alone) every multiply-add spilled (2.5 GFLOP/s; AMD Zen 3, 1 thread). A row
+    longer than ``WINDOW_ROW`` (600 channels) is taken in pieces too, where it fell to
+    ``loops-forall`` (a new user's trial)."""
     from neuron_compile.codegen.strategies.window import STENCIL_REGISTERS
     from neuron_compile.target import HostCPU
 
     def block(x, w1, w2, w3):
         h = F.relu6(F.conv2d(x, w1))
-        return F.conv2d(F.relu6(F.conv2d(h, w2, padding=1, groups=384)), w3)
+        return F.conv2d(F.relu6(F.conv2d(h, w2, stride=stride, padding=1, groups=c)), w3)
     g = torch.Generator().manual_seed(5)
-    args = (torch.randn(4, 64, 4, 4, generator=g), torch.randn(384, 64, 1, 1, generator=g) / 8,
-            torch.randn(384, 1, 3, 3, generator=g) / 3, torch.randn(64, 384, 1, 1, generator=g) / 20)
-    steps = [s.params["step"] for k, s in _kernels(block, *args)
-             if s.strategy == "window-stencil" and 384 in k.ranges]
+    args = (torch.randn(4, 64, 4, 4, generator=g), torch.randn(c, 64, 1, 1, generator=g) / 8,
+            torch.randn(c, 1, 3, 3, generator=g) / 3, torch.randn(64, c, 1, 1, generator=g) / 20)
+    ks = _kernels(block, *args)
+    steps = [s.params["step"] for k, s in ks if s.strategy == "window-stencil" and c in k.ranges]
     most = STENCIL_REGISTERS * HostCPU.detect().info().vector_bits // 32
-    assert steps and all(st <= most and 384 % st == 0 for st in steps), steps
+    assert steps and all(st <= most and c % st == 0 for st in steps), steps
+    assert not [k for k, s in ks if k.kind == "reduction" and s.strategy.startswith("loops")]
     torch.testing.assert_close(neuron_compile(block)(*args).double(), block(*(a.double() for a in args)),
                                rtol=1e-5, atol=1e-4)

@@ -104,15 +104,18 @@ class WindowStencil(_VectorStrategy):
             return None
         c = _row_dim(k)
         # rows of at least half a register (a direct weight gradient, whose row is the kernel's
-        # width, 3 or 7, and whose reduction is over the image, stays on loops)
-        if c is None or k.iterators[c] != "parallel" or not lanes(k, target) // 2 <= k.ranges[c] <= WINDOW_ROW \
-                or not all(o.unit_window(c) for o in k.operands):
+        # width, 3 or 7, and whose reduction is over the image, stays on loops) and at most
+        # WINDOW_ROW unless cut into pieces (a channels-last depthwise row of 600 channels ran on
+        # loops-forall: 1.56 ms at stride 2, 1.24 in pieces of 24; AMD Zen 3, 1 thread)
+        if c is None or k.iterators[c] != "parallel" or not all(o.unit_window(c) for o in k.operands):
+            return None
+        row, most = k.ranges[c], STENCIL_REGISTERS * lanes(k, target)
+        piece = divisor_tile(row, most, lanes(k, target)) if row > most else 0
+        if not lanes(k, target) // 2 <= row or (row > WINDOW_ROW and not piece):
             return None
         if any(o.dtype in (torch.float16, torch.bfloat16) for o in k.operands):
             return None   # (half precision stays scalar: see vector.classify)
-        most = STENCIL_REGISTERS * lanes(k, target)
-        piece = divisor_tile(k.ranges[c], most, lanes(k, target)) if k.ranges[c] > most else 0
-        return Schedule(self.name, {"step": piece or k.ranges[c], "forall": self.forall(k, target)})
+        return Schedule(self.name, {"step": piece or row, "forall": self.forall(k, target)})
 
     def forall(self, k: KernelInfo, target: TargetInfo) -> list[int]:
         c = _row_dim(k)
