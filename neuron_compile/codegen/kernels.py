@@ -78,23 +78,30 @@ class Operand:
         return {int(m) for e in self.exprs if not (_DIM.match(e) or e.isdigit()) for m in re.findall(r"d(\d+)", e)}
 
     def covers(self, ranges: tuple[int, ...]) -> bool:
-        """Whether the indices span every dim whole, ``[0, shape)``, over loop trip counts
-        ``ranges``: a tile's slice of this operand then bounds all its elements. Not so for a
-        strided col2im's output (``d4 * 2 + d2`` over 4 windows of 1 reaches 7 of 8 rows): a fill
-        fused into such a tile's slice leaves the last row and column holding freed memory (the
-        input gradient of a 1×1 stride-2 convolution at 8×8, batch 16: 1.8e37 where eager has 0;
-        a new user's trial). Unparsed expressions count as not covering."""
+        """Whether the indices reach every element, each dim's ``[0, shape)`` with no gap, over
+        loop trip counts ``ranges``: every tile's slice of this operand is then all written. Not so
+        for a strided col2im's output: ``d4 * 2 + d2`` over 4 windows of 1 reaches 7 of 8 rows,
+        and a zero fill fused into each tile's slice left the last row and column holding freed
+        memory (the input gradient of a 1×1 stride-2 convolution at 8×8, batch 16: 1.8e37 where
+        eager has 0; a new user's trial); over 7 rows it reaches rows 0, 2, 4, 6 only, a gap a
+        tile boundary could fall into. Unparsed expressions count as not covering."""
         for e, size in zip(self.exprs, self.shape):
             if e == "0":
                 if size != 1:
                     return False
                 continue
-            top = 0
+            terms = []
             for term in e.split("+"):
                 m = _TERM.match(term.strip())
                 if m is None or int(m.group(1)) >= len(ranges):
                     return False
-                top += int(m.group(2) or 1) * (ranges[int(m.group(1))] - 1)
+                terms.append((int(m.group(2) or 1), ranges[int(m.group(1))]))
+            top = 0   # the values so far are exactly 0..top; a step of at most top + 1 keeps them so
+            for coef, trips in sorted(terms):
+                if trips > 1:
+                    if coef > top + 1:
+                        return False
+                    top += coef * (trips - 1)
             if top != size - 1:
                 return False
         return len(self.exprs) == len(self.shape)
