@@ -1,6 +1,6 @@
 """Lowering rules for pooling gradients that a decomposition would make quadratic.
 
-``max_pool{2,3}d_with_indices_backward``: torch's reference decomposition scatters the output
+``max_pool{2,3}d_with_indices_backward`` (and the adaptive max pools' backward): torch's reference decomposition scatters the output
 gradient to the recorded argmax positions (``scatter_add``), which lowers to a dense loop nest over
 (input positions × output positions): 0.008× eager at 56→28. Here, as ATen's CPU kernel, each
 plane (one ``scf.forall`` iteration per leading index, on the thread pool) walks its output
@@ -90,4 +90,19 @@ def lower_max_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: Tensor
 @register_lowering(aten.max_pool3d_with_indices_backward.default)
 def lower_max_pool3d_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue, kernel_size, stride, padding,
                               dilation, ceil_mode: bool, indices: TensorValue) -> TensorValue:
+    return _max_pool_grad(ctx, grad, 3, indices)
+
+
+@register_lowering(aten.adaptive_max_pool2d_backward.default)
+def lower_adaptive_max_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue,
+                                       indices: TensorValue) -> TensorValue:
+    """As the max pools': ATen's ``adaptive_max_pool2d_backward`` (``AdaptiveMaxPoolKernel.cpp``)
+    adds each output gradient at its flat argmax in the input plane, in output order."""
+    return _max_pool_grad(ctx, grad, 2, indices)
+
+
+@register_lowering(aten.adaptive_max_pool3d_backward.default)
+def lower_adaptive_max_pool3d_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue,
+                                       indices: TensorValue) -> TensorValue:
+    """:func:`lower_adaptive_max_pool2d_backward` over volumes."""
     return _max_pool_grad(ctx, grad, 3, indices)

@@ -124,6 +124,24 @@ def test_max_pool3d_gradient_is_eagers_bit_for_bit():
     assert torch.equal(torch.autograd.grad(y, xc, gy)[0], torch.autograd.grad(F.max_pool3d(xe, 3, 2, 1), xe, gy)[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape, out", [((8, 32, 10, 10), 3), ((8, 32, 10, 10), 4), ((2, 3, 7, 5), (3, 2)),
+                                        ((2, 3, 7, 6, 5), 3)])
+def test_adaptive_max_pool_gradient_is_eagers_bit_for_bit(shape, out, dtype):
+    """``adaptive_max_pool{2,3}d`` backward (no rule until a new user's trial: compilation failed
+    listing ``aten.adaptive_max_pool2d_backward``): overlapping windows (10 → 3, 10 → 4) and ties
+    in rounded values, so one position takes several windows' gradients, added in eager's order."""
+    g = torch.Generator().manual_seed(len(shape) + (out if isinstance(out, int) else 0))
+    x = torch.randn(shape, generator=g).mul(2).round().to(dtype)
+    pool = F.adaptive_max_pool2d if len(shape) == 4 else F.adaptive_max_pool3d
+    xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = torch.compile(lambda t: pool(t, out), backend="neuron", dynamic=False)(xc)
+    gy = torch.randn(y.shape, generator=g).to(dtype)
+    (got,) = torch.autograd.grad(y, xc, gy)
+    (want,) = torch.autograd.grad(pool(xe, out), xe, gy)
+    assert torch.equal(got, want)
+
+
 def test_max_pool_gradient_is_one_pass_over_the_output():
     """One loop kernel per plane over its output positions, each adding its gradient at the
     recorded argmax (ATen's algorithm): parallel over the planes, never on ``loops`` (was a
