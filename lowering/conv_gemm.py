@@ -168,12 +168,22 @@ def _folds_batch(ctx: LoweringContext, cols: int, dtype: torch.dtype, grid: int 
     the product, and ResNet-18's 256-channel 3×3 training step took 21 ms where eager took 13
     (AMD Zen 3, 1 thread); AVX-512 tiles (32 columns) had sent 4×4 images to the rows form by
     the first rule."""
+    tile = _register_tile(ctx, dtype)
+    if tile is None:
+        return False
+    nr = tile[1]
+    return cols < nr or (grid is not None and cols < IMPLICIT_MIN_USE * (-(-grid // nr) * nr))
+
+
+def _register_tile(ctx: LoweringContext, dtype: torch.dtype) -> tuple[int, int] | None:
+    """(most rows, columns) of the tiled GEMM's register tiles on this target for ``dtype``
+    (float64 halves the columns), or ``None`` where the target has no GEMM table."""
     from neuron_compile.codegen.strategies import matmul as gemm
     target = ctx.body.target
     if target is None or target.isa not in gemm.ISA_TABLE:
-        return False
-    nr = gemm.ISA_TABLE[target.isa]["NR"] // (2 if dtype == torch.float64 else 1)
-    return cols < nr or (grid is not None and cols < IMPLICIT_MIN_USE * (-(-grid // nr) * nr))
+        return None
+    t = gemm.ISA_TABLE[target.isa]
+    return max(t["MR_alt"]), t["NR"] // (2 if dtype == torch.float64 else 1)
 
 
 def _one_register_tile(ctx: LoweringContext, m: int, n: int, dtype: torch.dtype) -> bool:
@@ -181,12 +191,8 @@ def _one_register_tile(ctx: LoweringContext, m: int, n: int, dtype: torch.dtype)
     sum per element (the direct form, ``window-reduction``); as a GEMM per image it spent its time
     packing B (1×1 16 → 4 channels at 8×16×64×64: 0.47 ms as a GEMM, eager 0.23; AMD Zen 3, AVX2
     tiles of 6×16, 1 thread)."""
-    from neuron_compile.codegen.strategies import matmul as gemm
-    target = ctx.body.target
-    if target is None or target.isa not in gemm.ISA_TABLE:
-        return False
-    t = gemm.ISA_TABLE[target.isa]
-    return m * n <= max(t["MR_alt"]) * t["NR"] // (2 if dtype == torch.float64 else 1)
+    tile = _register_tile(ctx, dtype)
+    return tile is not None and m * n <= tile[0] * tile[1]
 
 
 def _geometry(x: TensorValue, w_shape: Sequence[int], stride, padding, dilation):
