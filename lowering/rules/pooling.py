@@ -2,8 +2,8 @@
 
 ``max_pool{2,3}d_with_indices_backward`` and ``adaptive_max_pool{2,3}d_backward``: torch's
 reference decomposition scatters the output gradient to the recorded argmax positions
-(``scatter_add``), which lowers to a dense loop nest over (input positions × output positions): 0.008× eager at 56→28. Here, as ATen's CPU kernel, each
-plane (one ``scf.forall`` iteration per leading index, on the thread pool) walks its output
+(``scatter_add``), which lowers to a dense loop nest over (input positions × output positions):
+0.008× eager at 56→28. Here, as ATen's CPU kernel, each plane (one ``scf.forall`` iteration per leading index, on the thread pool) walks its output
 positions in order and adds each gradient at its recorded argmax (:func:`_scatter_planes`): O(output)
 scalar steps. The earlier form, a gather over the ``prod(ceil(k / s))`` windows that can hold each
 input position, ran its index arithmetic one element at a time: ResNet-18's 3×3/2 pool gradient,
