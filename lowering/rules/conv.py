@@ -194,21 +194,23 @@ def _grad_input_as_forward(ctx: LoweringContext, grad: TensorValue, w: TensorVal
     left = [d * (kk - 1) - p for d, kk, p in zip(dilation, ks, padding)]
     if min(left) < 0 or (icg > 1 and any(s != 1 for s in stride)):
         return None
-    full = [in_shape[2 + i] + dilation[i] * (ks[i] - 1) for i in range(k)]
-    spread = ctx.insert_slice(grad, ctx.fill([grad.shape[0], oc, *full], grad.dtype, 0), [0, 0] + left,
-                              [1, 1] + stride)
     # w_flip[c, o, kk] = w[(c // icg)·ocg + o, c % icg, K-1-kk]: [C, OC/g, K...]
     flip = affine_map(2 + k, [f"(d0 floordiv {icg}) * {ocg} + d1", f"d0 mod {icg}"]
                       + [f"{ks[i] - 1} - d{2 + i}" for i in range(k)])
     w_flip = ctx.generic([w], [flip], ctx.empty([c, ocg, *ks], w.dtype), ctx.identity_map(2 + k),
                          ["parallel"] * (2 + k), lambda b, args: args[0])
+    # unit stride: the spread gradient is ``grad`` padded by ``left`` on both sides, which the GEMM
+    # forms pad themselves (one copy of the gradient, not two)
+    if icg > 1 and (y := conv_gemm.forward(ctx, grad, w_flip, None, [1] * k, left, dilation, groups,
+                                           out_shape=in_shape)) is not None:
+        return ctx.materialize(y)
+    full = [in_shape[2 + i] + dilation[i] * (ks[i] - 1) for i in range(k)]
+    spread = ctx.insert_slice(grad, ctx.fill([grad.shape[0], oc, *full], grad.dtype, 0), [0, 0] + left,
+                              [1, 1] + stride)
     acc = _acc(grad.dtype)
     if icg == 1 and ocg == 1 and (y := _depthwise_rows(ctx, spread, w_flip, None, [1] * k, [0] * k, dilation,
                                                        in_shape, acc)) is not None:
         return ctx.materialize(ctx.cast(y, grad.dtype))
-    if icg > 1 and (y := conv_gemm.forward(ctx, spread, w_flip, None, [1] * k, [0] * k, dilation, groups,
-                                           out_shape=in_shape)) is not None:
-        return ctx.materialize(y)
     out = _forward(ctx, spread, w_flip, ctx.fill(list(in_shape), acc, 0), [1] * k, [0] * k, dilation, groups)
     return ctx.cast(out, grad.dtype)
 

@@ -326,7 +326,15 @@ def test_grouped_convolution_and_its_gradients_match_eager_at_float64(case):
     _assert_like_float64(fn, args)
 
 
+def _gemm_groups(k) -> int:
+    """The groups a GEMM kernel runs as one loop: the implicit forms' group loop, else the batch."""
+    q = k.attrs["gemm"]
+    return (q.get("conv") or q.get("conv_wgrad") or {}).get("groups") or q["problem"]["batch"]
+
+
 def test_grouped_convolution_is_a_gemm_batched_over_groups():
+    """Forward, input and weight gradient of a 4-group convolution: three GEMM kernels, each with
+    the groups as one loop (the implicit forms at unit stride), not a kernel per group."""
     def step(g, x, w):
         y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4)
         gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4,
@@ -334,7 +342,69 @@ def test_grouped_convolution_is_a_gemm_batched_over_groups():
         return y, gx, gw
     ks = _kernels(step, torch.randn(8, 64, 8, 8), torch.randn(8, 64, 8, 8), torch.randn(64, 16, 3, 3))
     gemms = [k for k, s in ks if k.kind == "matmul"]
-    assert len(gemms) == 3 and all(k.attrs["gemm"]["problem"]["batch"] == 4 for k in gemms)
+    assert len(gemms) == 3 and all(_gemm_groups(k) == 4 for k in gemms)
+
+
+# (N, C, OC, groups, H, W, kernel, padding, dilation, bias): channels per group not a multiple of
+# a register tile's rows (padded output channels), a 5×5 dilated kernel, no padding
+IMPLICIT_GROUPED = [(4, 32, 32, 4, 9, 9, 3, 1, 1, True), (2, 24, 36, 3, 9, 7, 3, 1, 1, True),
+                    (3, 8, 8, 2, 10, 10, 5, 2, 2, False), (2, 30, 20, 5, 11, 6, 3, 0, 1, True)]
+
+
+@pytest.mark.parametrize("case", IMPLICIT_GROUPED, ids=str)
+def test_grouped_unit_stride_convolution_and_its_gradients_match_eager_at_float64(case):
+    """Grouped unit-stride convolutions (the implicit GEMM with a group loop where the GEMM takes
+    them; the tiny ones stay direct), forward and gradients, against float64 eager."""
+    n, c, oc, groups, h, w_, k, p, d, has_bias = case
+    g = torch.Generator().manual_seed(c)
+    x, w = torch.randn(n, c, h, w_, generator=g, dtype=torch.float64), \
+        torch.randn(oc, c // groups, k, k, generator=g, dtype=torch.float64)
+    args = [x, w] + ([torch.randn(oc, generator=g, dtype=torch.float64)] if has_bias else [])
+
+    def fn(x, w, b=None):
+        return F.conv2d(x, w, b, padding=p, dilation=d, groups=groups)
+    _assert_like_float64(fn, args, dict(rtol=1e-10, atol=1e-10))
+
+
+def _three_gemms(step, *args) -> list:
+    gemms = [ki for ki, _ in _kernels(step, *args) if ki.kind == "matmul"]
+    assert len(gemms) == 3 and all(ki.attrs.get("conv") for ki in gemms)
+    return gemms
+
+
+def test_grouped_unit_stride_convolution_is_one_implicit_gemm_with_a_group_loop():
+    """Forward and both gradients of a grouped unit-stride convolution: each one implicit-GEMM
+    kernel whose groups are a loop (no im2col matrix, no permute to NCHW)."""
+    def step(gy, x, w):
+        y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4)
+        gx, gw, _ = torch.ops.aten.convolution_backward(gy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4,
+                                                        [True, True, False])
+        return y, gx, gw
+    gemms = _three_gemms(step, torch.randn(4, 32, 9, 9), torch.randn(4, 32, 9, 9), torch.randn(32, 8, 3, 3))
+    assert all(_gemm_groups(ki) == 4 for ki in gemms)
+
+
+@pytest.mark.parametrize("case", [(8, 16, 16, 1, 64, 3, 1, 1), (2, 6, 10, 2, 17, 5, 2, 2), (3, 8, 4, 1, 30, 4, 0, 1)],
+                         ids=str)
+def test_one_dimensional_convolution_and_its_gradients_match_eager_at_float64(case):
+    """Conv1d as a 2-D convolution of one-row images: values and gradients against float64 eager."""
+    n, c, oc, groups, length, k, p, d = case
+    g = torch.Generator().manual_seed(length)
+    x, w = torch.randn(n, c, length, generator=g, dtype=torch.float64), \
+        torch.randn(oc, c // groups, k, generator=g, dtype=torch.float64)
+    _assert_like_float64(lambda x, w: F.conv1d(x, w, None, padding=p, dilation=d, groups=groups), [x, w],
+                         dict(rtol=1e-10, atol=1e-10))
+
+
+def test_one_dimensional_convolution_runs_as_an_image_of_one_row():
+    """Conv1d, forward and both gradients, takes the 2-D implicit GEMM as an image of one row
+    (three implicit GEMM kernels, no im2col matrix)."""
+    def step(gy, x, w):
+        y = torch.ops.aten.convolution(x, w, None, [1], [1], [1], False, [0], 1)
+        gx, gw, _ = torch.ops.aten.convolution_backward(gy, x, w, None, [1], [1], [1], False, [0], 1,
+                                                        [True, True, False])
+        return y, gx, gw
+    _three_gemms(step, torch.randn(8, 16, 64), torch.randn(8, 16, 64), torch.randn(16, 16, 3))
 
 
 def test_depthwise_gradients_read_windows_and_the_weight_gradient_is_vectorized():
