@@ -50,7 +50,9 @@ def schedule(ctx: LoweringContext, n: int, oc: int, cols: int, c: int, kk: int, 
     """The GEMM schedule for the implicit product (``None`` when the tiled GEMM does not take it):
     the ``matmul`` plan of the [OC, C·KK] × [C·KK, cols] product per image, plus ``conv`` facts:
     ``kc_c`` channels per k-block (the largest divisor of C with ``kc_c·KK`` at most 1.5 KC: a
-    k-block takes every kernel offset of its channels)."""
+    k-block takes every kernel offset of its channels); ``pack_b`` the target's choice
+    (``CONV_PACK_B`` in :data:`~neuron_compile.codegen.strategies.matmul.ISA_TABLE`): without the
+    pack the micro-kernel loads its B rows straight from the padded input."""
     from neuron_compile.codegen.strategies import matmul as gemm
     target = ctx.body.target
     if target is None or dtype not in (torch.float32, torch.float64):
@@ -65,7 +67,8 @@ def schedule(ctx: LoweringContext, n: int, oc: int, cols: int, c: int, kk: int, 
     q = dict(gemm.plan(p, target, forced.params if forced else None).params)
     mp, np_ = _round_up(oc, q["MR"]), _round_up(cols, q["NR"])
     kc_c = max(d for d in range(1, c + 1) if c % d == 0 and (d * kk <= max(kk, 3 * q["KC"] // 2)))
-    q.update(MC=mp, NC=min(q["NC"], np_), pack_a=False, transpose_a=False, pack_b=True, fuse_pack_b=True,
+    q.update(MC=mp, NC=min(q["NC"], np_), pack_a=False, transpose_a=False,
+             pack_b=gemm.ISA_TABLE[target.isa].get("CONV_PACK_B", True), fuse_pack_b=True,
              problem={**q["problem"], "m": mp, "n": np_},
              conv={"c": c, "kk": kk, "kc_c": kc_c})
     q.update(forced.params if forced else {})
@@ -137,7 +140,9 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
         f"linalg.generic {{indexing_maps = [{_map(pdims, ['b', chan, window])}, {_map(pdims, pdims)}], "
         f"iterator_types = [{_its(['parallel'] * len(pdims))}], {wr.tag('packB_r0')}}} "
         f"ins({xf.name} : {xf.type}) outs({dest.name} : {dest.type}) {{\n"
-        f"    ^bb0(%x: {et}, %o: {et}):\n      linalg.yield %x : {et}\n    }} -> {dest.type}", bp_shape)
+        f"    ^bb0(%x: {et}, %o: {et}):\n      linalg.yield %x : {et}\n    }} -> {dest.type}", bp_shape) \
+        if q["pack_b"] else xf
+    b_map = ["b", *gd, "n1", "c", "kh", "kw", "n0"] if q["pack_b"] else ["b", chan, window]
     c4 = [n, *g_, m1, mr, n1, nr]
     cdims = ["b", *gd, "m1", "m0", "n1", "n0"]
     view = wr.line(f"tensor.empty() : {wr.ty(c4)}", c4)
@@ -151,8 +156,7 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
         acc0 = wr.zero_fill(view, "init_r0")
     dims = ["b", *gd, "m1", "n1", "c", "kh", "kw", "m0", "n0"]
     its = ["parallel"] * (3 + lead) + ["reduction"] * 3 + ["parallel"] * 2
-    prod = wr.contraction(a5, packed, acc0, dims, ([*gd, "m1", "m0", "c", "kh", "kw"],
-                                                   ["b", *gd, "n1", "c", "kh", "kw", "n0"], cdims), its, "gemm_r0")
+    prod = wr.contraction(a5, packed, acc0, dims, ([*gd, "m1", "m0", "c", "kh", "kw"], b_map, cdims), its, "gemm_r0")
     flat = wr.collapse(prod, [[0], list(range(1, 3 + lead)), [3 + lead, 4 + lead]], [n, groups * mp, np_])
     ops = ctx._provenance()
     operands = [ctx.body.operand(xf), ctx.body.operand(wt)] + ([ctx.body.operand(bp)] if bp is not None else [])

@@ -615,3 +615,17 @@ def test_a_flipped_kernel_copy_is_never_tiled_over_threads():
     assert not [k for k, s in ks if s.strategy == "loops-forall" and any("-" in e for o in k.operands for e in o.exprs)]
     got = torch.compile(dgrad, backend="neuron", dynamic=False)(gy, x, w)
     torch.testing.assert_close(got.double(), dgrad(gy.double(), x.double(), w.double()), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_implicit_gemm_packs_its_windows_only_where_the_target_table_says(isa):
+    """The implicit GEMM's B panels (windows of the padded input) are packed per k-block or, where
+    :data:`ISA_TABLE` says (AVX2, measured), loaded in place by the micro-kernel: no pack op."""
+    from neuron_compile.codegen.strategy import TargetInfo
+    target = TargetInfo(isa, 512 if isa == "avx512" else 256, 32 if isa == "avx512" else 16)
+    gm = trace(lambda x, w: F.conv2d(x, w, padding=1), torch.randn(4, 16, 12, 12), torch.randn(16, 16, 3, 3))
+    lowered = lower_graph(gm, "test", target=target)
+    (gemm,) = [k for k in lowered.kernels if k.kind == "matmul"]
+    packs = ISA_TABLE[isa]["CONV_PACK_B"]
+    assert gemm.attrs["gemm"]["pack_b"] is packs
+    assert ('neuron.part = "packB_r0"' in lowered.mlir) is packs

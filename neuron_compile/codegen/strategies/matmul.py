@@ -48,10 +48,17 @@ ISA_TABLE: dict[str, dict[str, Any]] = {
     # Zen 1 / Haswell: 16 ymm; 6x16 = 12 accumulators + 2 B vectors + 1 broadcast. Measured.
     # FMA_CHAINS: independent accumulators that hide the FMA latency (latency x FMA ports: 5 x 2 on
     # Haswell and Zen 2+, so a 4x16 tile's 8 run at 80%; Zen 1's one 256-bit FMA per cycle needs 5).
-    "avx2": dict(VL=8, MR=6, NR=16, MC=96, NC=256, KC=256, MR_alt=(6, 4), MC_small=256, FMA_CHAINS=10),
+    # CONV_PACK_B: whether an implicit-GEMM convolution packs its B panels (the windows of the
+    # padded input, rows of NR contiguous elements) or its micro-kernel loads them in place. On
+    # AVX2 in place won at every size measured (3×3, 16→16 channels at 8×64×64 1.55×, 32→16 1.13×,
+    # 64→64 at 16×16×16 1.17×, 128→128 1.0–1.08×, 2 threads 0.98–1.07×; AMD Zen 3); AVX-512 keeps
+    # the packs (unmeasured there: a row of 32 is two cache lines).
+    "avx2": dict(VL=8, MR=6, NR=16, MC=96, NC=256, KC=256, MR_alt=(6, 4), MC_small=256, FMA_CHAINS=10,
+                 CONV_PACK_B=False),
     # Zen 4 / Skylake-X: 32 zmm; 8x32 = 16 accumulators (toolchain.md measured MKL parity on Zen 4).
     # FMA_CHAINS: latency 4 x 2 ports (Skylake-X, Sapphire Rapids).
-    "avx512": dict(VL=16, MR=8, NR=32, MC=96, NC=384, KC=128, MR_alt=(8, 12, 4), MC_small=256, FMA_CHAINS=8),
+    "avx512": dict(VL=16, MR=8, NR=32, MC=96, NC=384, KC=128, MR_alt=(8, 12, 4), MC_small=256, FMA_CHAINS=8,
+                   CONV_PACK_B=True),
 }
 # register tile rows when N is one vector wide (:func:`_narrow`): MR accumulators of one vector
 NARROW_MR = (8, 16, 24, 12)
@@ -565,15 +572,17 @@ def _implicit_conv_transform(k: KernelInfo, q: Mapping[str, Any]) -> str:
     w.annotate(forall, "neuron.root", k.id)
     w.annotate(forall, "neuron.gemm", 1)
     fused_init, forall = w.fuse(init, forall)
-    pkf, forall = w.fuse(part("packB_r0"), forall)
+    if q["pack_b"]:
+        pkf, forall = w.fuse(part("packB_r0"), forall)
     tk, (kloop,) = w.tile_for(t0, [0, *g, 0, 0, q["conv"]["kc_c"], 0, 0, 0, 0])
-    pkk, _ = w.fuse(pkf, kloop)
-    _, rows = w.tile_for(pkk, [0, *g, 1, 1, 1, 1, 0])     # pack: (b, [g,] n1, c, kh, kw, n0) in rows of NR
-    w(f"transform.apply_patterns to {rows[-1]} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
-      f": {ANY}")
-    row = w.fresh("prow")
-    w(f"{row} = transform.structured.match interface{{LinalgOp}} in {rows[-1]} : ({ANY}) -> {ANY}")
-    w.vectorize(row)
+    if q["pack_b"]:
+        pkk, _ = w.fuse(pkf, kloop)
+        _, rows = w.tile_for(pkk, [0, *g, 1, 1, 1, 1, 0])     # pack: (b, [g,] n1, c, kh, kw, n0) in rows of NR
+        w(f"transform.apply_patterns to {rows[-1]} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
+          f": {ANY}")
+        row = w.fresh("prow")
+        w(f"{row} = transform.structured.match interface{{LinalgOp}} in {rows[-1]} : ({ANY}) -> {ANY}")
+        w.vectorize(row)
     tn, _ = w.tile_for(tk, [0, *g, 0, 1, 0, 0, 0, 0, 0])   # one B micro-panel
     tm, _ = w.tile_for(tn, [0, *g, 1, 0, 0, 0, 0, 0, 0])   # one A panel
     parts = [w.fresh(x) for x in ("rf", "rs", "rc", "rl")]
