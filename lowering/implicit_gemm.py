@@ -231,9 +231,14 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
                          False, True, True, False)
     if not gemm.applies(p, target):
         return None
-    q = dict(gemm.plan(p, target).params)
+    q = dict(gemm.plan(p, target, forced.params if forced else None).params)
     mr, nr = q["MR"], q["NR"]
     cp, ocp = _round_up(cg, mr), _round_up(ocg, nr)
+    if cp == mr:
+        # one register tile of input channels (a 3-channel image's first layer): the kernel ran at
+        # 1.5–2.6 GFLOP/s (3 or 4 → 16 channels at 8×64×64: 14.5 ms, where im2col + a GEMM per
+        # image took 1.6; AMD Zen 3, 1 thread); the caller's im2col form takes it
+        return None
     kc, pp = image_k_blocks(oh * wp, q["KC"])
     hx, hg = padded_rows(hp, wp, pp, kh, kw, dh, dw), -(-pp // wp)
     g_ = [groups] if groups > 1 else []
