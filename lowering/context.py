@@ -120,6 +120,9 @@ class FunctionBody:
     # row-major reshape (result → source), and a loop updating its init in place (result → the init
     # and the ``lines`` index of its ``scf.for``: an ``index_put`` into a weight gradient)
     views: dict[str, TensorValue] = field(default_factory=dict)
+    # a ``cat``'s result → its pieces (values, lazy ones too, and their offsets in it): a copy of the
+    # result into a larger buffer (a convolution's zero padding) is then the pieces written into it
+    concats: dict[str, list[tuple[Any, list[int]]]] = field(default_factory=dict)
     updates: dict[str, tuple[TensorValue, int]] = field(default_factory=dict)
     init_uses: dict[str, int] = field(default_factory=dict)  # value → times used as a destination (outs)
     # lazy values already written to memory (by object: LazyTensor compares by identity), so a rule
@@ -556,6 +559,13 @@ class LoweringContext:
         if numel(src.shape) == 0:
             return dest
         strides = strides or [1] * dest.rank
+        if isinstance(src, TensorValue) and src.name in self.body.concats and set(strides) <= {1}:
+            # a cat copied into a larger buffer (the UNet's skip cat into its convolution's zero
+            # padding: the cat written, then copied; 1.4 ms of a 30 ms inference, AMD Zen 3, 1
+            # thread): its pieces written straight into their places in the buffer
+            for piece, at in self.body.concats[src.name]:
+                dest = self.insert_slice(piece, dest, [o + a for o, a in zip(offsets, at)])
+            return dest
         where = f"[{', '.join(map(str, offsets))}] [{', '.join(map(str, src.shape))}] [{', '.join(map(str, strides))}]"
         if isinstance(src, LazyTensor) and set(strides) <= {1} and src.rank == dest.rank and src.dtype == dest.dtype:
             # a lazy (pointwise) value is computed straight into the destination's slice: one

@@ -98,7 +98,7 @@ def lower_cat(ctx: LoweringContext, tensors, dim=0) -> TensorValue:
     shape, dtype = ctx.out_spec()
     dim = dim % len(shape)
     out = ctx.empty(shape, dtype)
-    offset = 0
+    offset, pieces = 0, []
     for t in tensors:
         if t.rank == 1 and t.shape[0] == 0 and len(shape) != 1:
             continue  # legacy: cat skips 1-D empty tensors
@@ -106,7 +106,10 @@ def lower_cat(ctx: LoweringContext, tensors, dim=0) -> TensorValue:
         offsets = [0] * len(shape)
         offsets[dim] = offset
         out = ctx.insert_slice(t, out, offsets)
+        pieces.append((t, offsets))
         offset += t.shape[dim]
+    if isinstance(out, TensorValue) and pieces:
+        ctx.body.concats[out.name] = pieces   # (a copy of it into a larger buffer takes the pieces)
     return out
 
 

@@ -644,3 +644,16 @@ def test_weight_gradient_of_a_three_channel_image_is_not_the_implicit_gemm():
     assert gemms and not any("conv_wgrad" in k.attrs["gemm"] for k in gemms)
     torch.testing.assert_close(neuron_compile(wgrad)(g, x, w).double(), wgrad(g.double(), x.double(), w.double()),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_a_concatenated_input_is_written_piecewise_into_the_convolutions_padded_copy():
+    """``conv(cat([a, relu(b)], 1))`` (a UNet's skip connection): the pieces go straight into the
+    convolution's zero-padded input, no copy of the concatenated tensor; float64 against eager."""
+    def fn(a, b, w):
+        return F.conv2d(torch.cat([a, b.relu()], 1), w, padding=1)
+    gen = torch.Generator().manual_seed(5)
+    a, b, w = torch.randn(2, 8, 12, 12, generator=gen), torch.randn(2, 8, 12, 12, generator=gen), \
+        torch.randn(16, 16, 3, 3, generator=gen)
+    copies = [ki.operands[0].shape for ki, _ in _kernels(fn, a, b, w) if ki.kind == "copy"]
+    assert (2, 16, 12, 12) not in copies, copies
+    _assert_like_float64(fn, [a.double(), b.double(), w.double()], dict(rtol=1e-10, atol=1e-10))
