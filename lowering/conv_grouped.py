@@ -1,5 +1,6 @@
 """Grouped convolutions (``groups`` > 1, more than one input channel per group) as one batched GEMM
-over the groups, forward and both gradients.
+over the groups, forward and both gradients, where the implicit GEMM with a group loop
+(:mod:`lowering.implicit_gemm`, unit-stride 2-D) does not take them.
 
 Per group ``g`` the convolution is ``y_g = W_g[OC/G, C/G·KK] @ cols_g`` where ``cols_g``
 [C/G·KK, N·out] holds the group's windows for every image: the batch's output positions are the
