@@ -245,7 +245,7 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, 
         if unit and x.shape[1] > groups and not _folds_batch(ctx, cols, dtype, grid) and (
                 y := implicit_gemm.forward(ctx, x, w, ctx.materialize(bias) if bias is not None else None,
                                            padding, dilation, groups)) is not None:
-            return y
+            return _cropped(ctx, y, shape)
         if not conv_grouped.applies(ctx, groups, x.shape[1], oc, math.prod(ks), n * cols, dtype):
             return None
         return conv_grouped.forward(ctx, ctx.materialize(x), w, bias, shape, groups, ks, stride, padding, dilation)
@@ -254,7 +254,7 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, 
         return y
     if unit and (y := implicit_gemm.forward(ctx, x, w, ctx.materialize(bias) if bias is not None else None,
                                             padding, dilation)) is not None:
-        return y
+        return _cropped(ctx, y, shape)
     if not gemm_applies(ctx, oc, cols, rows, n if n > 1 else 0, dtype):
         return _rows_forward(ctx, x, w, bias, shape, stride, padding, dilation, ks)
     x = ctx.materialize(x)  # a lazy input (a fused producer) is read in place only by the implicit GEMM
@@ -262,6 +262,18 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, stride, 
     acc = ctx.reshape(ctx.materialize(bias), (oc, 1)) if bias is not None else None
     out = ctx.matmul(ctx.reshape(w, (oc, rows)), col, dtype, acc_init=acc)
     return ctx.reshape(out, tuple(shape))
+
+
+def _cropped(ctx: LoweringContext, y: TensorValue, shape: Sequence[int]) -> TensorValue:
+    """The implicit GEMM's output ``y`` (all the positions the geometry gives) cut to ``shape``
+    where that asks for fewer: a transposed convolution's input gradient, the convolution of its
+    gradient, which has ``output_padding`` more positions per dim than the input at stride 1
+    (dilation 2, ``output_padding`` 1: 17×17 stored into a 16×16 result failed in ``mlir-opt``; a
+    new user's trial). The positions past the input are the ones cut (the formula for the first
+    ones is the input gradient's)."""
+    if tuple(y.shape) == tuple(shape):
+        return y
+    return ctx.extract_slice(y, [0] * len(shape), list(shape), [1] * len(shape))
 
 
 def _rows_forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias, shape: Sequence[int], stride,

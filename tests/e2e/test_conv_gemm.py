@@ -657,3 +657,18 @@ def test_a_concatenated_input_is_written_piecewise_into_the_convolutions_padded_
     copies = [ki.operands[0].shape for ki, _ in _kernels(fn, a, b, w) if ki.kind == "copy"]
     assert (2, 16, 12, 12) not in copies, copies
     _assert_like_float64(fn, [a.double(), b.double(), w.double()], dict(rtol=1e-10, atol=1e-10))
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 128), (2, 4, 16, 16), (1, 4, 1, 128)], ids=str)
+def test_transposed_convolution_with_output_padding_at_unit_stride_matches_eager(shape):
+    """Stride 1, dilation 2, ``output_padding`` 1: the input gradient is the convolution of the
+    output gradient cut to the input's size (it has one more position per dim: a reshape error in
+    1-D, a shape mismatch in ``mlir-opt`` in 2-D at these sizes; a new user's trial). Forward and
+    gradients against float64 eager."""
+    gen = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    w = torch.randn(4, 4, *[2] * (len(shape) - 2), generator=gen, dtype=torch.float64)
+
+    def fn(x, w):
+        return CONV_T[len(shape) - 2](x, w, None, stride=1, padding=1, output_padding=1, dilation=2)
+    _assert_like_float64(fn, [x, w], dict(rtol=1e-10, atol=1e-10))
