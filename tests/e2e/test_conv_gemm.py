@@ -97,6 +97,19 @@ def _kernels(fn, *args):
     return list(zip(lowered.kernels, plan.schedules))
 
 
+def _conv_step(stride, padding, transposed=False, groups=1):
+    """``(gy, x, w) -> (y, gx, gw)``: one ``aten.convolution`` (dilation 1) and both its gradients,
+    traced together for :func:`_kernels`."""
+    k = len(stride)
+
+    def step(gy, x, w):
+        y = torch.ops.aten.convolution(x, w, None, stride, padding, [1] * k, transposed, [0] * k, groups)
+        gx, gw, _ = torch.ops.aten.convolution_backward(gy, x, w, None, stride, padding, [1] * k, transposed,
+                                                        [0] * k, groups, [True, True, False])
+        return y, gx, gw
+    return step
+
+
 def test_unit_stride_forward_is_one_implicit_gemm_kernel():
     x, w, b = torch.randn(4, 8, 12, 12), torch.randn(16, 8, 3, 3), torch.randn(16)
     ks = _kernels(lambda x, w, b: F.conv2d(x, w, b, padding=1), x, w, b)
@@ -189,11 +202,7 @@ def test_small_output_planes_fold_the_batch_into_gemm_rows(stride):
     over the batch's N·OH·OW rows (a product per image would have 4 columns: the direct
     contraction on ``loops``, ~2 GFLOP/s, before). With fewer rows than output channels the
     forward is ``W @ rowsᵀ`` (the weight streamed as stored, not packed on every call)."""
-    def step(g, x, w):
-        y = torch.ops.aten.convolution(x, w, None, [stride] * 2, [1, 1], [1, 1], False, [0, 0], 1)
-        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [stride] * 2, [1, 1], [1, 1], False,
-                                                        [0, 0], 1, [True, True, False])
-        return y, gx, gw
+    step = _conv_step([stride] * 2, [1, 1])
     hw = 2 * stride
     ks = _kernels(step, torch.randn(8, 64, 2, 2), torch.randn(8, 32, hw, hw), torch.randn(64, 32, 3, 3))
     gemms = [k for k, _ in ks if k.kind == "matmul"]
@@ -209,11 +218,7 @@ def test_grids_mostly_of_wrapped_columns_take_the_rows_form():
     weight gradients take the rows form (N·OH·OW rows, no batch of images) on every ISA; on AVX2
     the implicit forms had computed twice the product (a 256-channel layer's training step 21 ms,
     eager 13; AMD Zen 3, 1 thread). Values against float64 eager."""
-    def step(g, x, w):
-        y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
-        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False,
-                                                        [0, 0], 1, [True, True, False])
-        return y, gx, gw
+    step = _conv_step([1, 1], [1, 1])
     gen = torch.Generator().manual_seed(3)
     args = (torch.randn(8, 64, 4, 4, generator=gen), torch.randn(8, 48, 4, 4, generator=gen),
             torch.randn(64, 48, 3, 3, generator=gen))
@@ -284,12 +289,8 @@ def test_transposed_convolution_and_its_gradients_match_eager_at_float64(case):
 
 
 def test_transposed_convolution_is_gemms():
-    def step(x, w, g):
-        y = torch.ops.aten.convolution(x, w, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1)
-        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1,
-                                                        [True, True, False])
-        return y, gx, gw
-    ks = _kernels(step, torch.randn(4, 48, 8, 8), torch.randn(48, 32, 2, 2), torch.randn(4, 32, 16, 16))
+    ks = _kernels(_conv_step([2, 2], [0, 0], transposed=True), torch.randn(4, 32, 16, 16), torch.randn(4, 48, 8, 8),
+                  torch.randn(48, 32, 2, 2))
     assert len([k for k, _ in ks if k.kind == "matmul"]) == 3
     assert not [k for k, s in ks if s.strategy == "loops" and k.kind == "matmul"]
     # stride = kernel: the columns are permuted into place (a transpose), no accumulating col2im
@@ -335,12 +336,8 @@ def _gemm_groups(k) -> int:
 def test_grouped_convolution_is_a_gemm_batched_over_groups():
     """Forward, input and weight gradient of a 4-group convolution: three GEMM kernels, each with
     the groups as one loop (the implicit forms at unit stride), not a kernel per group."""
-    def step(g, x, w):
-        y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4)
-        gx, gw, _ = torch.ops.aten.convolution_backward(g, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4,
-                                                        [True, True, False])
-        return y, gx, gw
-    ks = _kernels(step, torch.randn(8, 64, 8, 8), torch.randn(8, 64, 8, 8), torch.randn(64, 16, 3, 3))
+    ks = _kernels(_conv_step([1, 1], [1, 1], groups=4), torch.randn(8, 64, 8, 8), torch.randn(8, 64, 8, 8),
+                  torch.randn(64, 16, 3, 3))
     gemms = [k for k, s in ks if k.kind == "matmul"]
     assert len(gemms) == 3 and all(_gemm_groups(k) == 4 for k in gemms)
 
@@ -375,12 +372,8 @@ def _three_gemms(step, *args) -> list:
 def test_grouped_unit_stride_convolution_is_one_implicit_gemm_with_a_group_loop():
     """Forward and both gradients of a grouped unit-stride convolution: each one implicit-GEMM
     kernel whose groups are a loop (no im2col matrix, no permute to NCHW)."""
-    def step(gy, x, w):
-        y = torch.ops.aten.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4)
-        gx, gw, _ = torch.ops.aten.convolution_backward(gy, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4,
-                                                        [True, True, False])
-        return y, gx, gw
-    gemms = _three_gemms(step, torch.randn(4, 64, 9, 9), torch.randn(4, 64, 9, 9), torch.randn(64, 16, 3, 3))
+    gemms = _three_gemms(_conv_step([1, 1], [1, 1], groups=4), torch.randn(4, 64, 9, 9), torch.randn(4, 64, 9, 9),
+                         torch.randn(64, 16, 3, 3))
     assert all(_gemm_groups(ki) == 4 for ki in gemms)
 
 
@@ -399,12 +392,7 @@ def test_one_dimensional_convolution_and_its_gradients_match_eager_at_float64(ca
 def test_one_dimensional_convolution_runs_as_an_image_of_one_row():
     """Conv1d, forward and both gradients, takes the 2-D implicit GEMM as an image of one row
     (three implicit GEMM kernels, no im2col matrix)."""
-    def step(gy, x, w):
-        y = torch.ops.aten.convolution(x, w, None, [1], [1], [1], False, [0], 1)
-        gx, gw, _ = torch.ops.aten.convolution_backward(gy, x, w, None, [1], [1], [1], False, [0], 1,
-                                                        [True, True, False])
-        return y, gx, gw
-    _three_gemms(step, torch.randn(8, 16, 64), torch.randn(8, 16, 64), torch.randn(16, 16, 3))
+    _three_gemms(_conv_step([1], [1]), torch.randn(8, 16, 64), torch.randn(8, 16, 64), torch.randn(16, 16, 3))
 
 
 def test_depthwise_gradients_read_windows_and_the_weight_gradient_is_vectorized():

@@ -578,8 +578,8 @@ def _implicit_conv_transform(k: KernelInfo, q: Mapping[str, Any]) -> str:
     if q["pack_b"]:
         pkk, _ = w.fuse(pkf, kloop)
         _, rows = w.tile_for(pkk, [0, *g, 1, 1, 1, 1, 0])     # pack: (b, [g,] n1, c, kh, kw, n0) in rows of NR
-        w(f"transform.apply_patterns to {rows[-1]} {{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} "
-          f": {ANY}")
+        w(f"transform.apply_patterns to {rows[-1]} "
+          f"{{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} : {ANY}")
         row = w.fresh("prow")
         w(f"{row} = transform.structured.match interface{{LinalgOp}} in {rows[-1]} : ({ANY}) -> {ANY}")
         w.vectorize(row)
