@@ -360,15 +360,15 @@ def grad_weight(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     if x.dtype != dtype:
         return None
     unit = implicit_gemm.applies_to(x.rank, stride, 1)
+    grid = g.shape[2] * (x.shape[3] + 2 * padding[1]) if unit else None
     if groups != 1:
-        if unit and x.shape[1] > groups and not _folds_batch(
-                ctx, cols, dtype, g.shape[2] * (x.shape[3] + 2 * padding[1])) and (
+        if unit and x.shape[1] > groups and not _folds_batch(ctx, cols, dtype, grid) and (
                 gw := implicit_gemm.weight_grad(ctx, g, x, w_shape, padding, dilation, groups)) is not None:
             return gw
         if not conv_grouped.applies(ctx, groups, x.shape[1], oc, math.prod(ks), n * cols, dtype):
             return None
         return conv_grouped.grad_weight(ctx, g, x, w_shape, groups, ks, stride, padding, dilation)
-    if _folds_batch(ctx, cols, dtype, g.shape[2] * (x.shape[3] + 2 * padding[1]) if unit else None):
+    if _folds_batch(ctx, cols, dtype, grid):
         # the rows form (see forward): one GEMM over the batch's positions, K = N·OH·OW, where a
         # product per image would have K = OH·OW and a sum over images after it
         cols_rows = im2col_rows(ctx, x, ks, g.shape[2:], stride, padding, dilation)

@@ -37,6 +37,12 @@ def _round_up(v: int, q: int) -> int:
     return -(-v // q) * q
 
 
+def _group_loop(groups: int) -> tuple[list[int], list[str]]:
+    """A grouped kernel's group loop as (its extent, its loop name), one entry each, or two empty
+    lists for one group (whose kernel keeps the ungrouped loops and maps)."""
+    return ([groups], ["g"]) if groups > 1 else ([], [])
+
+
 def padded_rows(hp: int, wp: int, cols: int, kh: int, kw: int, dh: int, dw: int) -> int:
     """Rows of a padded input of width ``wp`` (``hp`` rows with their padding) so that the windows
     of ``cols`` positions of its flattened plane stay inside it: rows of zeros below the image
@@ -115,7 +121,8 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
     hx = padded_rows(hp, wp, np_, kh, kw, dh, dw)
     xp = ctx.insert_slice(x, ctx.fill([n, c, hx, wp], dtype, 0), [0, 0, ph, pw])
     xf = ctx.reshape(xp, (n, c, hx * wp))
-    g_ = [groups] if groups > 1 else []       # the group loop's extent, where there is one
+    g_, gd = _group_loop(groups)
+    lead = len(gd)
     wt = ctx.reshape(w, (*g_, ocg, cg, kh, kw))
     if mp > ocg:
         wt = ctx.insert_slice(wt, ctx.fill([*g_, mp, cg, kh, kw], dtype, 0), [0] * (len(g_) + 4))
@@ -127,9 +134,7 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
     wr = _Writer(ctx, kid, dtype)
     m1, n1 = mp // mr, np_ // nr
     et = storage_type(dtype)
-    gd = ["g"] if groups > 1 else []
-    lead = len(gd)
-    a5 = wr.expand(wt, [*([[0]] if lead else []), [lead, lead + 1], [lead + 2], [lead + 3], [lead + 4]],
+    a5 = wr.expand(wt, [*[[0]] * lead, [lead, lead + 1], [lead + 2], [lead + 3], [lead + 4]],
                    [*g_, m1, mr, cg, kh, kw])
     bp_shape = [n, *g_, n1, cg, kh, kw, nr]
     dest = wr.line(f"tensor.empty() : {wr.ty(bp_shape)}", bp_shape)
@@ -147,7 +152,7 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
     cdims = ["b", *gd, "m1", "m0", "n1", "n0"]
     view = wr.line(f"tensor.empty() : {wr.ty(c4)}", c4)
     if bp is not None:
-        bv = wr.expand(bp, [*([[0]] if lead else []), [lead, lead + 1]], [*g_, m1, mr])
+        bv = wr.expand(bp, [*[[0]] * lead, [lead, lead + 1]], [*g_, m1, mr])
         acc0 = wr.line(f"linalg.generic {{indexing_maps = [{_map(cdims, [*gd, 'm1', 'm0'])}, {_map(cdims, cdims)}], "
                        f"iterator_types = [{_its(['parallel'] * len(cdims))}], {wr.tag('init_r0')}}} "
                        f"ins({bv.name} : {bv.type}) outs({view.name} : {view.type}) {{\n"
@@ -241,8 +246,7 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
         return None
     kc, pp = image_k_blocks(oh * wp, q["KC"])
     hx, hg = padded_rows(hp, wp, pp, kh, kw, dh, dw), -(-pp // wp)
-    g_ = [groups] if groups > 1 else []
-    gd = ["g"] if groups > 1 else []
+    g_, gd = _group_loop(groups)
     lead = len(gd)
     xg = ctx.reshape(x, (n, *g_, cg, h, wd))
     xf = ctx.reshape(ctx.insert_slice(xg, ctx.fill([n, *g_, cp, hx, wp], dtype, 0), [0] * (lead + 2) + [ph, pw]),
@@ -270,7 +274,7 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     a_map = ["b", chan, f"p + kh * {dh * wp} + kw * {dw}"]
     prod = wr.contraction(xf, packed, acc0, dims, (a_map, ["b", *gd, "n1", "p", "n0"],
                                                    [*gd, "kh", "kw", "m1", "m0", "n1", "n0"]), its, "gemm_r0")
-    flat = wr.collapse(prod, [*([[0]] if lead else []), [lead], [lead + 1], [lead + 2, lead + 3], [lead + 4, lead + 5]],
+    flat = wr.collapse(prod, [*[[0]] * lead, [lead], [lead + 1], [lead + 2, lead + 3], [lead + 4, lead + 5]],
                        [*g_, kh, kw, cp, ocp])
     ops = ctx._provenance()
     ctx.body.add_kernel(KernelInfo(kid, "matmul", (groups * kh * kw, cg, ocg, n * oh * ow), (), (

@@ -565,30 +565,31 @@ def _implicit_conv_transform(k: KernelInfo, q: Mapping[str, Any]) -> str:
     p = GemmProblem(**q["problem"])
     m1, n1 = p.m // q["MR"], p.n // q["NR"]
     nct = max(1, min(n1, q["NC"] // q["NR"]))
-    g = [0] if q["conv"].get("groups", 1) > 1 else []   # a grouped convolution's group loop, after b
+    lead = 1 if q["conv"].get("groups", 1) > 1 else 0   # a grouped convolution's group loop, after b
+    zero, one = [0] * lead, [1] * lead
     mm, init = part("gemm_r0"), part("init_r0")
     # loops: (b, [g,] m1, n1, c, kh, kw, m0, n0); one M block per image (and group), N in NC blocks
-    t0, forall = w.tile_forall(mm, [1, *[1 for _ in g], m1, nct, 0, 0, 0, 0, 0])
+    t0, forall = w.tile_forall(mm, [1, *one, m1, nct, 0, 0, 0, 0, 0])
     w.annotate(forall, "neuron.root", k.id)
     w.annotate(forall, "neuron.gemm", 1)
     fused_init, forall = w.fuse(init, forall)
     if q["pack_b"]:
         pkf, forall = w.fuse(part("packB_r0"), forall)
-    tk, (kloop,) = w.tile_for(t0, [0, *g, 0, 0, q["conv"]["kc_c"], 0, 0, 0, 0])
+    tk, (kloop,) = w.tile_for(t0, [0, *zero, 0, 0, q["conv"]["kc_c"], 0, 0, 0, 0])
     if q["pack_b"]:
         pkk, _ = w.fuse(pkf, kloop)
-        _, rows = w.tile_for(pkk, [0, *g, 1, 1, 1, 1, 0])     # pack: (b, [g,] n1, c, kh, kw, n0) in rows of NR
+        _, rows = w.tile_for(pkk, [0, *zero, 1, 1, 1, 1, 0])     # pack: (b, [g,] n1, c, kh, kw, n0) in rows of NR
         w(f"transform.apply_patterns to {rows[-1]} "
           f"{{ transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices }} : {ANY}")
         row = w.fresh("prow")
         w(f"{row} = transform.structured.match interface{{LinalgOp}} in {rows[-1]} : ({ANY}) -> {ANY}")
         w.vectorize(row)
-    tn, _ = w.tile_for(tk, [0, *g, 0, 1, 0, 0, 0, 0, 0])   # one B micro-panel
-    tm, _ = w.tile_for(tn, [0, *g, 1, 0, 0, 0, 0, 0, 0])   # one A panel
+    tn, _ = w.tile_for(tk, [0, *zero, 0, 1, 0, 0, 0, 0, 0])   # one B micro-panel
+    tm, _ = w.tile_for(tn, [0, *zero, 1, 0, 0, 0, 0, 0, 0])   # one A panel
     parts = [w.fresh(x) for x in ("rf", "rs", "rc", "rl")]
     w(f"{', '.join(parts)} = transform.structured.tile_reduction_using_for {tm} by tile_sizes = "
-      f"{[0, *g, 0, 0, 1, 1, 1, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
-    w.tile_for(fused_init, [0, *g, 1, 0, 1, 0])
+      f"{[0, *zero, 0, 0, 1, 1, 1, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
+    w.tile_for(fused_init, [0, *zero, 1, 0, 1, 0])
     return w.text()
 
 
@@ -610,23 +611,23 @@ def _implicit_wgrad_transform(k: KernelInfo, q: Mapping[str, Any]) -> str:
     m1, n1 = p.m // q["MR"], p.n // q["NR"]
     # two blocks at least where the channels allow (threads), else one
     mct = m1 // 2 if m1 % 2 == 0 and m1 > 1 else 1
-    g = [1] if q["conv_wgrad"].get("groups", 1) > 1 else []   # a grouped convolution's group loop, first
-    z = [0] * len(g)
+    lead = 1 if q["conv_wgrad"].get("groups", 1) > 1 else 0   # a grouped convolution's group loop, first
+    zero, one = [0] * lead, [1] * lead
     mm, init = part("gemm_r0", "linalg.generic"), part("init_r0")
-    t0, forall = w.tile_forall(mm, [*g, mct, n1, 0, 0, 0, 0, 0, 0])
+    t0, forall = w.tile_forall(mm, [*one, mct, n1, 0, 0, 0, 0, 0, 0])
     w.annotate(forall, "neuron.root", k.id)
     w.annotate(forall, "neuron.gemm", 1)
     fused_init, forall = w.fuse(init, forall)
     pkf, forall = w.fuse(part("packB_r0", "linalg.pack"), forall)
-    tk, (_, ploop) = w.tile_for(t0, [*z, 0, 0, 1, q["KC"], 0, 0, 0, 0])
+    tk, (_, ploop) = w.tile_for(t0, [*zero, 0, 0, 1, q["KC"], 0, 0, 0, 0])
     pkk, _ = w.fuse(pkf, ploop)
-    tile, _ = w.tile_for(pkk, [0, *g, 1, 8 if q["KC"] % 8 == 0 else 1])
+    tile, _ = w.tile_for(pkk, [0, *one, 1, 8 if q["KC"] % 8 == 0 else 1])
     w.vectorize(tile)   # a linalg.pack does not bufferize: it must become vector ops here
-    tn, _ = w.tile_for(tk, [*z, 0, 1, 0, 0, 0, 0, 0, 0])
-    tm, _ = w.tile_for(tn, [*z, 1, 0, 0, 0, 0, 0, 0, 0])
-    to, _ = w.tile_for(tm, [*z, 0, 0, 0, 0, 1, 1, 0, 0])   # kernel offsets around the micro-kernel
+    tn, _ = w.tile_for(tk, [*zero, 0, 1, 0, 0, 0, 0, 0, 0])
+    tm, _ = w.tile_for(tn, [*zero, 1, 0, 0, 0, 0, 0, 0, 0])
+    to, _ = w.tile_for(tm, [*zero, 0, 0, 0, 0, 1, 1, 0, 0])   # kernel offsets around the micro-kernel
     parts = [w.fresh(x) for x in ("rf", "rs", "rc", "rl")]
     w(f"{', '.join(parts)} = transform.structured.tile_reduction_using_for {to} by tile_sizes = "
-      f"{[*z, 0, 0, 0, 1, 0, 0, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
-    w.tile_for(fused_init, [*g, 1, 1, 1, 0, 1, 0])
+      f"{[*zero, 0, 0, 0, 1, 0, 0, 0, 0]} : ({ANY}) -> ({ANY}, {ANY}, {ANY}, {ANY})")
+    w.tile_for(fused_init, [*one, 1, 1, 1, 0, 1, 0])
     return w.text()
