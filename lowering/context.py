@@ -220,6 +220,40 @@ class LoweringContext:
         self.body.fills.add(out.name)
         return out
 
+    def border(self, shape: Sequence[int], dtype: torch.dtype, value: float | int | bool, offsets: Sequence[int],
+               sizes: Sequence[int]) -> TensorValue:
+        """A tensor of ``shape`` holding ``value`` outside the box ``[offsets, offsets + sizes)`` and
+        undefined inside it, for a caller that writes the whole box next (a zero-padded copy: the
+        padding filled, not the whole buffer, which the copy then wrote again; 16×96×34×34
+        float32, 7 MB stored twice). The complement of the box as at most two strips per dim: dim
+        ``d``'s strips span the box along the dims before ``d`` and the whole tensor after it."""
+        shape = [int(s) for s in shape]
+        out = self.empty(shape, dtype)
+        if [int(s) for s in sizes] == shape:
+            return out
+        c = self.scalar_const(value, dtype)
+        for d in range(len(shape)):
+            lo, hi = int(offsets[d]), int(offsets[d]) + int(sizes[d])
+            for start, size in ((0, lo), (hi, shape[d] - hi)):
+                if size <= 0:
+                    continue
+                at = [int(o) for o in offsets[:d]] + [start] + [0] * (len(shape) - d - 1)
+                extent = [int(z) for z in sizes[:d]] + [size] + shape[d + 1:]
+                where = f"[{', '.join(map(str, at))}] [{', '.join(map(str, extent))}] [{', '.join(['1'] * len(shape))}]"
+                st = tensor_type(tuple(extent), dtype)
+                part = self.emit(f"tensor.extract_slice {out.name}{where} : {out.type} to {st}", tuple(extent), dtype)
+                filled = self.emit(f"linalg.fill ins({c.name} : {storage_type(dtype)}) outs({part.name} : {st}) -> {st}",
+                                   tuple(extent), dtype)
+                out = self.emit(f"tensor.insert_slice {filled.name} into {out.name}{where} : {st} into {out.type}",
+                                tuple(shape), dtype)
+        return out
+
+    def padded(self, x: "TensorValue | LazyTensor", shape: Sequence[int], offsets: Sequence[int],
+               value: float | int | bool = 0) -> TensorValue:
+        """``x`` written at ``offsets`` of a ``shape`` tensor holding ``value`` elsewhere (constant
+        padding): the border filled (:meth:`border`), then ``x`` copied or computed into the box."""
+        return self.insert_slice(x, self.border(shape, x.dtype, value, offsets, x.shape), offsets)
+
     # -- linalg.generic --------------------------------------------------------------------------
     def generic(self, ins: Sequence[TensorValue], in_maps: Sequence[str], init: TensorValue,
                 out_map: str, iterators: Sequence[str], body: Callable[[BodyBuilder, list[Scalar]], Scalar],

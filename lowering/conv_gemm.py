@@ -48,7 +48,7 @@ def pad_spatial(ctx: LoweringContext, x: TensorValue, padding: Sequence[int]) ->
     if not any(padding):
         return ctx.materialize(x)
     shape = list(x.shape[:2]) + [x.shape[2 + i] + 2 * p for i, p in enumerate(padding)]
-    return ctx.insert_slice(x, ctx.fill(shape, x.dtype, 0), [0, 0] + list(padding))
+    return ctx.padded(x, shape, [0, 0] + list(padding))
 
 
 def _plain(ks: Sequence[int], stride: Sequence[int], padding: Sequence[int]) -> bool:
@@ -132,7 +132,7 @@ def _tile_windows(ctx: LoweringContext, col6: TensorValue, padded: Sequence[int]
     if covered != full:
         tiled = ctx.extract_slice(tiled, [0] * (2 + k), [*col6.shape[:2], *covered], [1] * (2 + k))
     if covered != list(padded[2:]):
-        tiled = ctx.insert_slice(tiled, ctx.fill(list(padded), col6.dtype, 0), [0] * (2 + k))
+        tiled = ctx.padded(tiled, padded, [0] * (2 + k))
     if any(padding):
         tiled = ctx.extract_slice(tiled, [0, 0] + list(padding), list(in_shape), [1] * len(in_shape))
     return tiled

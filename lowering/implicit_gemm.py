@@ -119,17 +119,17 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
     mp, np_ = q["problem"]["m"], q["problem"]["n"]
     # rows of zeros below the image so the last padded column's windows stay inside the input
     hx = padded_rows(hp, wp, np_, kh, kw, dh, dw)
-    xp = ctx.insert_slice(x, ctx.fill([n, c, hx, wp], dtype, 0), [0, 0, ph, pw])
+    xp = ctx.padded(x, [n, c, hx, wp], [0, 0, ph, pw])
     xf = ctx.reshape(xp, (n, c, hx * wp))
     g_, gd = _group_loop(groups)
     lead = len(gd)
     wt = ctx.reshape(w, (*g_, ocg, cg, kh, kw))
     if mp > ocg:
-        wt = ctx.insert_slice(wt, ctx.fill([*g_, mp, cg, kh, kw], dtype, 0), [0] * (len(g_) + 4))
+        wt = ctx.padded(wt, [*g_, mp, cg, kh, kw], [0] * (len(g_) + 4))
     bp = None
     if bias is not None:
         bias = ctx.reshape(ctx.materialize(bias), (*g_, ocg))
-        bp = ctx.insert_slice(bias, ctx.fill([*g_, mp], dtype, 0), [0] * (len(g_) + 1)) if mp > ocg else bias
+        bp = ctx.padded(bias, [*g_, mp], [0] * (len(g_) + 1)) if mp > ocg else bias
     kid = ctx.body.next_kernel_id()
     wr = _Writer(ctx, kid, dtype)
     m1, n1 = mp // mr, np_ // nr
@@ -249,10 +249,10 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     g_, gd = _group_loop(groups)
     lead = len(gd)
     xg = ctx.reshape(x, (n, *g_, cg, h, wd))
-    xf = ctx.reshape(ctx.insert_slice(xg, ctx.fill([n, *g_, cp, hx, wp], dtype, 0), [0] * (lead + 2) + [ph, pw]),
+    xf = ctx.reshape(ctx.padded(xg, [n, *g_, cp, hx, wp], [0] * (lead + 2) + [ph, pw]),
                      (n, groups * cp, hx * wp))
     gg = ctx.reshape(g, (n, *g_, ocg, oh, ow))
-    gw = ctx.reshape(ctx.insert_slice(gg, ctx.fill([n, *g_, ocp, hg, wp], dtype, 0), [0] * (lead + 4)),
+    gw = ctx.reshape(ctx.padded(gg, [n, *g_, ocp, hg, wp], [0] * (lead + 4)),
                      (n, *g_, ocp, hg * wp))
     gw = ctx.extract_slice(gw, [0] * (lead + 3), [n, *g_, ocp, pp], [1] * (lead + 3))
     m1, n1 = cp // mr, ocp // nr

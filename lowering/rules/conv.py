@@ -11,7 +11,7 @@ import torch
 
 from neuron_compile.lowering import conv_gemm, implicit_gemm
 from neuron_compile.lowering.context import LoweringContext
-from neuron_compile.lowering.ir import TensorValue, affine_map
+from neuron_compile.lowering.ir import TensorValue, affine_map, tensor_type
 from neuron_compile.lowering.lazy import (FROM_CHANNELS_LAST, TO_CHANNELS_LAST, LazyTensor, channels_last_backed,
                                           permuted)
 from neuron_compile.lowering.registry import register_lowering
@@ -127,7 +127,7 @@ def _depthwise_rows(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: Tens
         crop = ctx.extract_slice(out, [0, 0, 0, 0], [n, c, oh, ow], [1, 1, 1, sw])
     elif sh == sw == 1 and ow < half <= oh * wp:
         hx = implicit_gemm.padded_rows(hp, wp, oh * wp, kh, kw, dh, dw)
-        xf = ctx.reshape(ctx.insert_slice(x, ctx.fill([n, c, hx, wp], x.dtype, 0), [0, 0, ph, pw]), (n, c, hx * wp))
+        xf = ctx.reshape(ctx.padded(x, [n, c, hx, wp], [0, 0, ph, pw]), (n, c, hx * wp))
         x_map = affine_map(5, ["d0", "d1", f"d2 + d3 * {dh * wp} + d4 * {dw}"])
         out = ctx.generic([xf, w], [x_map, affine_map(5, ["d1", "0", "d3", "d4"])],
                           ctx.fill([n, c, oh * wp], acc_dtype, 0), affine_map(5, ["d0", "d1", "d2"]),
@@ -205,14 +205,63 @@ def _grad_input_as_forward(ctx: LoweringContext, grad: TensorValue, w: TensorVal
                                            out_shape=in_shape)) is not None:
         return ctx.materialize(y)
     full = [in_shape[2 + i] + dilation[i] * (ks[i] - 1) for i in range(k)]
-    spread = ctx.insert_slice(grad, ctx.fill([grad.shape[0], oc, *full], grad.dtype, 0), [0, 0] + left,
-                              [1, 1] + stride)
+    spread = _spread(ctx, grad, full, left, stride)
     acc = _acc(grad.dtype)
     if icg == 1 and ocg == 1 and (y := _depthwise_rows(ctx, spread, w_flip, None, [1] * k, [0] * k, dilation,
                                                        in_shape, acc)) is not None:
         return ctx.materialize(ctx.cast(y, grad.dtype))
     out = _forward(ctx, spread, w_flip, ctx.fill(list(in_shape), acc, 0), [1] * k, [0] * k, dilation, groups)
     return ctx.cast(out, grad.dtype)
+
+
+def _zeros(shape: list[int]) -> str:
+    """A zero block of ``shape`` as a ``dense<...>`` literal (nested lists, outermost first)."""
+    out = "0.0"
+    for n in shape:
+        out = "[" + ", ".join([out] * n) + "]"
+    return out
+
+
+def _spread(ctx: LoweringContext, grad: TensorValue, full: list[int], at: list[int],
+            stride: list[int]) -> TensorValue:
+    """``grad`` [N, C, O...] spread to stride 1 in a zero buffer [N, C, full...]: element ``o``
+    lands at ``at + o·s``, zeros between. Where the interleaved block ``O·s`` fits, one vectorized
+    pass writes it whole: the buffer's slice viewed as [N, C, O₁, s₁, O₂, s₂, ...], ``grad`` at
+    phase 0 and zero elsewhere, and only the border around it filled. Otherwise a zero fill and a
+    strided copy, which stores one scalar at a time on ``loops`` (a depthwise stride-2 input
+    gradient's spread, 16×96×16×16 into 34×34: 1.76 ms, 4.5% of MobileNetV2's backward; AMD Zen 3,
+    1 thread)."""
+    k = grad.rank - 2
+    shape = [*grad.shape[:2], *full]
+    block = [o * s for o, s in zip(grad.shape[2:], stride)]
+    if set(stride) <= {1} or any(a + b > f for a, b, f in zip(at, block, full)):
+        return ctx.insert_slice(grad, ctx.fill(shape, grad.dtype, 0), [0, 0] + at, [1, 1] + stride)
+    sizes = [*grad.shape[:2], *block]
+    dest = ctx.border(shape, grad.dtype, 0, [0, 0] + at, sizes)
+    ctx.body.used_as_init(dest)
+    where = f"[0, 0, {', '.join(map(str, at))}] [{', '.join(map(str, sizes))}] [{', '.join(['1'] * (2 + k))}]"
+    part = ctx.emit(f"tensor.extract_slice {dest.name}{where} : {dest.type} to {tensor_type(sizes, grad.dtype)}",
+                    tuple(sizes), grad.dtype)
+    phased = [*grad.shape[:2], *[d for o, s in zip(grad.shape[2:], stride) for d in (o, s)]]
+    groups = "[[0], [1], " + ", ".join(f"[{2 + 2 * i}, {3 + 2 * i}]" for i in range(k)) + "]"
+    view = ctx.emit(f"tensor.expand_shape {part.name} {groups} output_shape [{', '.join(map(str, phased))}] : "
+                    f"{part.type} into {tensor_type(phased, grad.dtype)}", tuple(phased), grad.dtype)
+    g_map = affine_map(2 + 2 * k, ["d0", "d1"] + [f"d{2 + 2 * i}" for i in range(k)])
+    # which phase holds ``grad``: a constant [s...] mask, 1 at phase 0, read like any operand (loop
+    # indices in the body would make the kernel a gather, which only ``loops`` runs)
+    mask = "1.0"
+    for i, s in enumerate(reversed(stride)):
+        mask = "[" + ", ".join([mask] + [_zeros(list(reversed(stride))[:i])] * (s - 1)) + "]"
+    m = ctx.emit(f"arith.constant dense<{mask}> : {tensor_type(tuple(stride), grad.dtype)}", tuple(stride),
+                 grad.dtype)
+    m_map = affine_map(2 + 2 * k, [f"d{3 + 2 * i}" for i in range(k)])
+    phases = ctx.generic([grad, m], [g_map, m_map], view, ctx.identity_map(2 + 2 * k), ["parallel"] * (2 + 2 * k),
+                         lambda b, args: b.select(b.cmp("ne", args[1], b.const(0, grad.dtype)), args[0],
+                                                  b.const(0, grad.dtype)))
+    written = ctx.emit(f"tensor.collapse_shape {phases.name} {groups} : {phases.type} into {part.type}",
+                       tuple(sizes), grad.dtype)
+    return ctx.emit(f"tensor.insert_slice {written.name} into {dest.name}{where} : {written.type} into "
+                    f"{dest.type}", dest.shape, dest.dtype)
 
 
 def _depthwise_grad_weight(ctx: LoweringContext, grad: TensorValue, x: TensorValue, w_shape, stride, padding,
@@ -307,7 +356,7 @@ def _channels_last(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: Tenso
     kh, kw = w.shape[2:]
     xt = _to_channels_last(ctx, x)
     padded = [n, h + 2 * padding[0], wd + 2 * padding[1], c]
-    xp = ctx.insert_slice(xt, ctx.fill(padded, dtype, 0), [0, padding[0], padding[1], 0]) if any(padding) \
+    xp = ctx.padded(xt, padded, [0, padding[0], padding[1], 0]) if any(padding) \
         else ctx.materialize(xt)
     wt = ctx.permute(ctx.reshape(w, (c, kh, kw)), (1, 2, 0))
     out_shape = [n, shape[2], shape[3], oc]

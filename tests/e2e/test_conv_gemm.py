@@ -472,6 +472,23 @@ def test_depthwise_values_and_gradients_match_float64(c, k, stride, dilation, pa
         torch.testing.assert_close(a.double(), e, rtol=tol, atol=tol * max(1.0, e.abs().max().item()))
 
 
+@pytest.mark.parametrize("dims, size, k, stride, pad", [(1, 33, 3, 2, 1), (3, 9, 3, 2, 1), (2, 13, 3, 3, 1),
+                                                         (2, 16, 1, 2, 0), (2, 12, 4, 2, 1)], ids=str)
+def test_strided_depthwise_input_gradient_spread_matches_float64(dims, size, k, stride, pad):
+    """The spread of a strided depthwise input gradient: 1-D and 3-D, stride 3, a block that does
+    not fit its buffer (1×1 kernel: the strided copy) and an even kernel."""
+    conv = (F.conv1d, F.conv2d, F.conv3d)[dims - 1]
+    g = torch.Generator().manual_seed(size)
+    x = torch.randn(2, 6, *[size] * dims, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(6, 1, *[k] * dims, dtype=torch.float64, generator=g)
+
+    def f(x):
+        return conv(x, w, None, stride, pad, 1, 6).sin().sum()
+    got, = torch.autograd.grad(neuron_compile(f)(x), x)
+    want, = torch.autograd.grad(f(x), x)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def test_col2im_is_never_split_across_threads_where_windows_overlap():
     """A Conv3d input gradient whose col2im was split over output positions: two threads' slices
     wrote the same input elements through different kernel offsets (0.3-0.7 relative error,

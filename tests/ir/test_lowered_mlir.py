@@ -96,3 +96,31 @@ def test_a_strided_slice_insert_is_a_copy_loop_into_the_strided_slice():
     assert copy, ir
     assert re.search(rf"{copy.group(2)} = tensor\.extract_slice %\w+\[0, 0\] \[4, 8\] \[1, 2\]", ir)
     assert re.search(rf"tensor\.insert_slice {copy.group(1)} into %\w+\[0, 0\] \[4, 8\] \[1, 2\]", ir)
+
+
+def _depthwise_input_grad(g, x, w):
+    return torch.ops.aten.convolution_backward(g, x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 8,
+                                               [True, False, False])[0]
+
+
+def test_a_strided_input_gradient_spread_is_one_vectorizable_pass_not_a_strided_copy():
+    """A depthwise stride-2 input gradient spreads ``grad`` [2, 8, 8, 8] into its 18×18 zero
+    buffer as one pointwise generic over the buffer's slice viewed [2, 8, 8, 2, 8, 2] (phase 0 is
+    ``grad``, read through a constant mask), not a strided copy (one scalar store at a time)."""
+    ir = _mlir(_depthwise_input_grad, torch.randn(2, 8, 8, 8), torch.randn(2, 8, 16, 16), torch.randn(8, 1, 3, 3))
+    assert re.search(r"tensor\.expand_shape %\w+ \[\[0\], \[1\], \[2, 3\], \[4, 5\]\] output_shape \[2, 8, 8, 2, 8, 2\]",
+                     ir), ir
+    assert re.search(r'linalg\.generic \{[^\n]*neuron\.kind = "pointwise"\} ins\(%\w+, %\w+ : tensor<2x8x8x8xf32>, '
+                     r'tensor<2x2xf32>\) outs\(%\w+ : tensor<2x8x8x2x8x2xf32>\)', ir), ir
+    assert not re.search(r"\[1, 1, 2, 2\] :", ir), ir   # no strided slice anywhere
+
+
+def test_a_zero_padded_copy_fills_only_the_border():
+    """A depthwise convolution's zero-padded input [2, 8, 18, 18] is filled only outside the copied
+    [2, 8, 16, 16] box (two row strips, two column strips), not whole and then overwritten."""
+    ir = _mlir(lambda x, w: torch.nn.functional.conv2d(x, w, None, 1, 1, 1, 8), torch.randn(2, 8, 16, 16),
+               torch.randn(8, 1, 3, 3))
+    fills = re.findall(r"linalg\.fill ins\(%\w+ : f32\) outs\(%\w+ : tensor<([0-9x]+)xf32>\)", ir)
+    assert "2x8x18x18" not in fills, fills
+    strips = sorted(f for f in fills if f.startswith("2x8x") and f != "2x8x16x16")   # (not the sums' zero init)
+    assert strips == ["2x8x16x1", "2x8x16x1", "2x8x1x18", "2x8x1x18"], fills
