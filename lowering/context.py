@@ -244,8 +244,8 @@ class LoweringContext:
     def _fill_runs(self, out: TensorValue, c: Scalar, lead_at: list[int], lead_sizes: list[int], start: int,
                    size: int) -> TensorValue:
         """``out`` with ``c`` in ``out[lead box, start:start + size, ...]``: one ``linalg.fill`` of the
-        contiguous run ``[start:start + size, ...]`` per index of the leading box, in an ``scf.for``
-        over the leading box's indices that LLVM may not unroll. Filled as one ``linalg.fill`` of
+        contiguous run ``[start:start + size, ...]`` per index of the leading box, in ``scf.for``
+        loops over the leading box's dims that LLVM may not unroll. Filled as one ``linalg.fill`` of
         the strip instead, it became a loop nest of ``memset``s which ``opt`` unrolled into
         hundreds of inlined ``memset``s in one basic block, and ``llc``'s schedulers are
         quadratic in a block's size (UNet b8 training: 5.8 s of ``llc`` for one 512-``memset``
@@ -266,32 +266,29 @@ class LoweringContext:
             return self.emit(f"tensor.insert_slice {filled.name} into {out.name}{where} : {run_t} into {out.type}",
                              shape, dtype)
         nm, lines, loc = self.body.namer, self.body.lines, self.loc
-        c0, c1, cn, i, acc, res = nm("c"), nm("c"), nm("c"), nm("i"), nm("acc"), nm("t")
-        idx = [nm("i") for _ in lead_sizes]
-        lines += [f"    {c0} = arith.constant 0 : index {loc}", f"    {c1} = arith.constant 1 : index {loc}",
-                  f"    {cn} = arith.constant {n} : index {loc}",
-                  f"    {res} = scf.for {i} = {c0} to {cn} step {c1} iter_args({acc} = {out.name}) -> ({out.type}) {{"]
-        if len(idx) == 1:
-            lead = [i]
-        else:
-            dl = nm("d")
-            lines.append(f"      {dl}:{len(idx)} = affine.delinearize_index {i} into "
-                         f"({', '.join(map(str, lead_sizes))}) : {', '.join(['index'] * len(idx))} {loc}")
-            lead = [f"{dl}#{k}" for k in range(len(idx))]
-        at = []
-        for k, (v, o) in enumerate(zip(lead, lead_at)):
-            if o:
-                lines.append(f"      {idx[k]} = affine.apply affine_map<(d0) -> (d0 + {o})>({v}) {loc}")
-                v = idx[k]
-            at.append(v)
-        where = f"[{', '.join(at)}, {tail}] [{sizes_txt}] [{ones}]"
+        c1 = nm("c")
+        lines.append(f"    {c1} = arith.constant 1 : index {loc}")
+        ivs, results, acc = [], [], out.name
+        for k, (o, z) in enumerate(zip(lead_at, lead_sizes)):   # a loop per leading dim (no div/mod)
+            indent, lo, hi, iv, inner, r = "    " + "  " * k, nm("c"), nm("c"), nm("i"), nm("acc"), nm("t")
+            lines += [f"{indent}{lo} = arith.constant {o} : index {loc}",
+                      f"{indent}{hi} = arith.constant {o + z} : index {loc}",
+                      f"{indent}{r} = scf.for {iv} = {lo} to {hi} step {c1} iter_args({inner} = {acc}) -> ({out.type}) {{"]
+            ivs.append(iv)
+            results.append(r)
+            acc = inner
+        indent = "    " + "  " * d
+        where = f"[{', '.join(ivs)}, {tail}] [{sizes_txt}] [{ones}]"
         part, filled, upd = nm("t"), nm("t"), nm("t")
-        lines += [f"      {part} = tensor.extract_slice {acc}{where} : {out.type} to {run_t} {loc}",
-                  f"      {filled} = {fill} outs({part} : {run_t}) -> {run_t} {loc}",
-                  f"      {upd} = tensor.insert_slice {filled} into {acc}{where} : {run_t} into {out.type} {loc}",
-                  f"      scf.yield {upd} : {out.type} {loc}",
-                  f"    }} {{loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>}} {loc}"]
-        return TensorValue(res, shape, dtype)
+        lines += [f"{indent}{part} = tensor.extract_slice {acc}{where} : {out.type} to {run_t} {loc}",
+                  f"{indent}{filled} = {fill} outs({part} : {run_t}) -> {run_t} {loc}",
+                  f"{indent}{upd} = tensor.insert_slice {filled} into {acc}{where} : {run_t} into {out.type} {loc}"]
+        for k in reversed(range(d)):
+            indent = "    " + "  " * k
+            lines += [f"{indent}  scf.yield {upd} : {out.type} {loc}",
+                      f"{indent}}} {{loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>}} {loc}"]
+            upd = results[k]
+        return TensorValue(results[0], shape, dtype)
 
     def padded(self, x: "TensorValue | LazyTensor", shape: Sequence[int], offsets: Sequence[int],
                value: float | int | bool = 0) -> TensorValue:

@@ -119,7 +119,7 @@ def test_a_zero_padded_copy_fills_only_the_border_in_loops_llvm_does_not_unroll(
     """A depthwise convolution's zero-padded input [2, 8, 18, 18] is filled only outside the copied
     [2, 8, 16, 16] box (two row strips, two column strips), not whole and then overwritten; each
     strip is one fill of a contiguous run per leading index (2·8 rows of 18, 2·8·16 single
-    elements) in an ``scf.for`` marked not to unroll (unrolled, its ``memset``s made ``llc`` take
+    elements) in ``scf.for`` loops marked not to unroll (unrolled, its ``memset``s made ``llc`` take
     seconds on one basic block)."""
     ir = _mlir(lambda x, w: torch.nn.functional.conv2d(x, w, None, 1, 1, 1, 8), torch.randn(2, 8, 16, 16),
                torch.randn(8, 1, 3, 3))
@@ -127,8 +127,8 @@ def test_a_zero_padded_copy_fills_only_the_border_in_loops_llvm_does_not_unroll(
     assert "2x8x18x18" not in fills, fills
     runs = sorted(f for f in fills if f in ("1x18", "1"))
     assert runs == ["1", "1", "1x18", "1x18"], fills
-    loops = re.findall(r"scf\.for %\w+ = %\w+ to (%\w+) step %\w+ iter_args\(%\w+ = %\w+\) -> "
+    # a loop per leading dim, each marked not to unroll: N and C for the row strips, N, C, H for the columns
+    loops = re.findall(r"scf\.for %\w+ = %\w+ to %\w+ step %\w+ iter_args\(%\w+ = %\w+\) -> "
                        r"\(tensor<2x8x18x18xf32>\)", ir)
-    trips = sorted(int(re.search(rf"{c} = arith\.constant (\d+) : index", ir).group(1)) for c in loops)
-    assert trips == [16, 16, 256, 256], ir
-    assert ir.count("loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>") == 4, ir
+    assert len(loops) == 2 * 2 + 2 * 3, ir
+    assert ir.count("loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>") == len(loops), ir
