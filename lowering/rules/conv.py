@@ -395,7 +395,7 @@ def lower_convolution(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias
         return ctx.cast(y, dtype)
     if bias is not None:
         acc = ctx.materialize(ctx.broadcast_to(ctx.cast(ctx.reshape(ctx.materialize(bias), (oc,) + (1,) * k),
-                                                        acc_dtype), shape), kernel=False)
+                                                        acc_dtype), shape))
     else:
         acc = ctx.fill(shape, acc_dtype, 0)
     return ctx.cast(_forward(ctx, x, w, acc, stride, padding, dilation, groups), dtype)

@@ -132,3 +132,15 @@ def test_a_zero_padded_copy_fills_only_the_border_in_loops_llvm_does_not_unroll(
                        r"\(tensor<2x8x18x18xf32>\)", ir)
     assert len(loops) == 2 * 2 + 2 * 3, ir
     assert ir.count("loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>") == len(loops), ir
+
+
+def test_a_bias_initialising_a_convolution_accumulator_is_a_vectorized_kernel():
+    """The bias broadcast [C] -> [N, C, H, W] a direct convolution accumulates onto is a tagged
+    pointwise kernel (parallel, vectorized), not an untagged init left to scalar loops in the
+    graph's serial code (16x128x28x28 depthwise at 2 threads: 3.2 -> 1.5 ms, eager 1.7)."""
+    ir = _mlir(lambda x, w, b: torch.nn.functional.conv2d(x, w, b, 1, 1, 1, 8), torch.randn(2, 8, 16, 16),
+               torch.randn(8, 1, 3, 3), torch.randn(8))
+    init = re.search(r"linalg\.generic \{indexing_maps = \[affine_map<\(d0, d1, d2, d3\) -> \(d1\)>, "
+                     r"affine_map<\(d0, d1, d2, d3\) -> \(d0, d1, d2, d3\)>\][^\n]*\} ins\(%\w+ : tensor<8xf32>\) "
+                     r"outs\(%\w+ : tensor<2x8x16x16xf32>\)", ir)
+    assert init and 'neuron.kind = "pointwise"' in init.group(0), ir
