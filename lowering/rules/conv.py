@@ -360,7 +360,7 @@ def _channels_last(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: Tenso
         else ctx.materialize(xt)
     wt = ctx.permute(ctx.reshape(w, (c, kh, kw)), (1, 2, 0))
     out_shape = [n, shape[2], shape[3], oc]
-    acc = ctx.materialize(ctx.broadcast_to(b, out_shape), kernel=False) if b is not None \
+    acc = ctx.materialize(ctx.broadcast_to(b, out_shape)) if b is not None \
         else ctx.fill(out_shape, dtype, 0)
     x_map = affine_map(6, ["d0", f"d1 * {stride[0]} + d4 * {dilation[0]}", f"d2 * {stride[1]} + d5 * {dilation[1]}",
                            "d3"])
