@@ -2,8 +2,9 @@
 
 A profiled graph is compiled with a call to ``neuron_profile_tick(k)`` after each kernel ``k``
 (``lowering/emit.py``); the tick, part of the kernel library's own runtime (``target.py``), adds
-the wall time since the previous tick to slot ``k``. So a kernel's time includes any glue
-(bufferization copies, allocation) between it and the previous kernel, and the last slot holds
+the wall time since the previous tick to slot ``k``; a tick before the kernel's root op closes
+slot ``GLUE_SLOT + k``, the glue between it and the previous kernel (untagged inits and fills,
+bufferization copies, allocation: serial code, a ``(glue)`` row ``<k``), and the last slot holds
 what follows the last kernel (output copies). Like Inductor's profiler output it is a table per
 graph: kernel id, kind, schedule, the ATen ops it fused, calls, time, share and achieved GFLOP/s
 (matmuls) or GB/s (everything else; each operand read or written once), and a flag on the rows
@@ -19,6 +20,8 @@ import sys
 import threading
 import weakref
 from typing import Any
+
+from neuron_compile.lowering.context import GLUE_SLOT
 
 _SLOTS = 1 << 16  # must match PROFILE_C
 _lock = threading.Lock()
@@ -61,13 +64,18 @@ def rows(exe: Any) -> list[dict[str, Any]]:
     if prof is None:
         return []
     out = []
-    total = sum(prof.slot(k)[1] for k in range(len(exe.kernels) + 1)) or 1e-30
+    total = sum(prof.slot(k)[1] + (prof.slot(GLUE_SLOT + k)[1] if k < len(exe.kernels) else 0.0)
+                for k in range(len(exe.kernels) + 1)) or 1e-30
     holder = {}   # fused-rows chains run as one loop nest: its time lands in one member's slot
     for info in exe.kernels:
         group = info["schedule"]["params"].get("group") if info["schedule"]["strategy"] == "fused-rows" else None
         for kid in group or ():
             holder[kid] = max(group, key=lambda g: prof.slot(g)[1])
     for k in range(len(exe.kernels) + 1):
+        glue_calls, glue = prof.slot(GLUE_SLOT + k) if k < len(exe.kernels) else (0, 0.0)
+        if glue_calls:
+            out.append({"kernel": f"<{k}", "kind": "(glue)", "schedule": "(serial)", "ops": [], "ranges": "",
+                        "calls": glue_calls, "seconds": glue, "share": glue / total, "rate": ""})
         calls, secs = prof.slot(k)
         info = exe.kernels[k] if k < len(exe.kernels) else None
         row = {"kernel": k if info else "-", "kind": info["kind"] if info else "(after)",
@@ -94,10 +102,12 @@ FLAG_SHARE = 0.05        # ... as is a ``loops`` kernel taking at least this sha
 
 def flag(row: dict[str, Any]) -> str:
     """Why a profile row deserves a look, or ``""``: a ``loops`` kernel (no schedule: LLVM's own
-    vectorizer over plain loops) with at least :data:`FLAG_SHARE` of its graph's time, or a kernel
-    under :data:`SLOW_GBPS` (bytes read and written once each) that takes at least 0.1 ms a call."""
+    vectorizer over plain loops) or the serial glue before a kernel with at least
+    :data:`FLAG_SHARE` of its graph's time, or a kernel under :data:`SLOW_GBPS` (bytes read and written once each) that takes at least 0.1 ms a call."""
     if row["kernel"] == "-" or not row["calls"]:
         return ""
+    if row["kind"] == "(glue)":
+        return "glue" if row["share"] >= FLAG_SHARE else ""
     if row["schedule"] in UNSCHEDULED and row["share"] >= FLAG_SHARE:
         return "loops"
     per_call = row["seconds"] / row["calls"]

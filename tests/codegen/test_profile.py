@@ -22,8 +22,11 @@ def test_profile_counts_every_kernel_and_keeps_results(tmp_path):
     text = profile.report()
     exe = [e for e in profile._profiled if e.profile is not None and "inference" in e.name][-1]
     rows = profile.rows(exe)
-    kernels = [r for r in rows if r["kernel"] != "-"]
+    kernels = [r for r in rows if r["kernel"] != "-" and r["kind"] != "(glue)"]
     assert len(kernels) == len(exe.kernels) >= 3
+    # the serial glue before each kernel whose root op is at the graph's top level, in a row of its own
+    glue = [r for r in rows if r["kind"] == "(glue)"]
+    assert glue and {r["kernel"] for r in glue} <= {f"<{k}" for k in range(len(exe.kernels))}
     assert all(r["calls"] == 3 for r in rows)
     assert {r["kind"] for r in kernels} >= {"matmul", "reduction", "pointwise"}
     assert all(r["seconds"] >= 0 for r in rows) and sum(r["seconds"] for r in rows) > 0
@@ -70,10 +73,20 @@ def test_loops_kernels_are_flagged_and_summed_per_schedule(tmp_path):
         out = compiled(x)
     torch.testing.assert_close(out, (x.exp() * 2).sum(-1), rtol=1e-5, atol=1e-4)
     seconds = profile.seconds_by_schedule()
-    assert seconds["loops"] > 0 and {k for k, v in seconds.items() if v} <= {"loops", ""}
+    assert seconds["loops"] > 0 and {k for k, v in seconds.items() if v} <= {"loops", "", "(serial)"}
     exe = [e for e in profile._profiled if e.profile is not None and any(r["calls"] for r in profile.rows(e))][-1]
     rows = [r for r in profile.rows(exe) if r["kernel"] != "-"]
     assert any(profile.flag(r) == "loops" for r in rows)
     assert "loops" in profile.table(exe).splitlines()[2]
     profile.reset()
     assert sum(profile.seconds_by_schedule().values()) == 0
+
+
+def test_serial_glue_before_a_kernel_is_flagged_when_it_takes_a_share():
+    """Glue (untagged inits and fills run by the graph's serial code) is a row of its own, flagged
+    from :data:`~neuron_compile.profile.FLAG_SHARE` of the graph up, like a ``loops`` kernel."""
+    from neuron_compile import profile
+    row = {"kernel": "<3", "kind": "(glue)", "schedule": "(serial)", "ops": [], "ranges": "", "calls": 10,
+           "seconds": 0.02, "share": profile.FLAG_SHARE, "rate": ""}
+    assert profile.flag(row) == "glue"
+    assert profile.flag({**row, "share": profile.FLAG_SHARE / 2}) == ""
