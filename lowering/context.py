@@ -246,62 +246,123 @@ class LoweringContext:
         if [int(s) for s in sizes] == shape:
             return out
         c = self.scalar_const(value, dtype)
+        last = len(shape) - 1
         for d in range(len(shape)):
             lo, hi = int(offsets[d]), int(offsets[d]) + int(sizes[d])
+            if d == last and d >= 1 and (lo or hi < shape[d]):
+                out = self._fill_row_ends(out, c, [int(o) for o in offsets[:d]], [int(z) for z in sizes[:d]],
+                                          lo, shape[d] - hi)
+                continue
             for start, size in ((0, lo), (hi, shape[d] - hi)):
                 if size > 0:
                     out = self._fill_runs(out, c, [int(o) for o in offsets[:d]], [int(z) for z in sizes[:d]],
                                           start, size)
         return out
 
-    def _fill_runs(self, out: TensorValue, c: Scalar, lead_at: list[int], lead_sizes: list[int], start: int,
-                   size: int) -> TensorValue:
-        """``out`` with ``c`` in ``out[lead box, start:start + size, ...]``: one ``linalg.fill`` of the
-        contiguous run ``[start:start + size, ...]`` per index of the leading box, in ``scf.for``
-        loops over the leading box's dims that LLVM may not unroll. Filled as one ``linalg.fill`` of
-        the strip instead, it became a loop nest of ``memset``s which ``opt`` unrolled into
-        hundreds of inlined ``memset``s in one basic block, and ``llc``'s schedulers are
-        quadratic in a block's size (UNet b8 training: 5.8 s of ``llc`` for one 512-``memset``
-        block, the cold compile 17 → 53 s)."""
-        shape, dtype, d = out.shape, out.dtype, len(lead_at)
-        rest = (size,) + tuple(shape[d + 1:])
-        ones = ", ".join(["1"] * len(shape))
-        run_t = tensor_type(rest, dtype)
-        fill = f"linalg.fill ins({c.name} : {storage_type(dtype)})"
-        tail = ", ".join([str(start)] + ["0"] * (len(shape) - d - 1))
-        sizes_txt = ", ".join(map(str, [1] * d + list(rest)))
-        n = math.prod(lead_sizes)
-        if n == 1:
-            at = ", ".join(map(str, lead_at + [start] + [0] * (len(shape) - d - 1)))
-            where = f"[{at}] [{sizes_txt}] [{ones}]"
-            part = self.emit(f"tensor.extract_slice {out.name}{where} : {out.type} to {run_t}", rest, dtype)
-            filled = self.emit(f"{fill} outs({part.name} : {run_t}) -> {run_t}", rest, dtype)
-            return self.emit(f"tensor.insert_slice {filled.name} into {out.name}{where} : {run_t} into {out.type}",
-                             shape, dtype)
+    # Filled as one ``linalg.fill`` per strip, the strips became loop nests of ``memset``s which
+    # ``opt`` unrolled into hundreds of inlined ``memset``s in one basic block, and ``llc``'s
+    # schedulers are quadratic in a block's size (UNet b8 training: 5.8 s of ``llc`` for one
+    # 512-``memset`` block, the cold compile 17 → 53 s): the runs are filled in ``scf.for`` loops
+    # marked not to unroll, one loop per dim (no div/mod per run).
+    _NO_UNROLL = "{loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>}"
+
+    def _open_loops(self, acc: str, ty: str, bounds: Sequence[tuple[int, int]], depth: int
+                    ) -> tuple[list[str], list[str], str]:
+        """Open one ``scf.for`` per ``(lo, hi)`` of ``bounds`` carrying the tensor ``acc`` of type
+        ``ty``; returns (induction variables, the loops' results outermost first, the innermost
+        iteration's tensor). ``depth`` is the nesting the first loop is emitted at."""
         nm, lines, loc = self.body.namer, self.body.lines, self.loc
         c1 = nm("c")
-        lines.append(f"    {c1} = arith.constant 1 : index {loc}")
-        ivs, results, acc = [], [], out.name
-        for k, (o, z) in enumerate(zip(lead_at, lead_sizes)):   # a loop per leading dim (no div/mod)
-            indent, lo, hi, iv, inner, r = "    " + "  " * k, nm("c"), nm("c"), nm("i"), nm("acc"), nm("t")
-            lines += [f"{indent}{lo} = arith.constant {o} : index {loc}",
-                      f"{indent}{hi} = arith.constant {o + z} : index {loc}",
-                      f"{indent}{r} = scf.for {iv} = {lo} to {hi} step {c1} iter_args({inner} = {acc}) -> ({out.type}) {{"]
+        lines.append(f"    {'  ' * depth}{c1} = arith.constant 1 : index {loc}")
+        ivs, results = [], []
+        for k, (lo, hi) in enumerate(bounds):
+            indent, a, b, iv, inner, r = "    " + "  " * (depth + k), nm("c"), nm("c"), nm("i"), nm("acc"), nm("t")
+            lines += [f"{indent}{a} = arith.constant {lo} : index {loc}", f"{indent}{b} = arith.constant {hi} : index {loc}",
+                      f"{indent}{r} = scf.for {iv} = {a} to {b} step {c1} iter_args({inner} = {acc}) -> ({ty}) {{"]
             ivs.append(iv)
             results.append(r)
             acc = inner
-        indent = "    " + "  " * d
-        where = f"[{', '.join(ivs)}, {tail}] [{sizes_txt}] [{ones}]"
-        part, filled, upd = nm("t"), nm("t"), nm("t")
-        lines += [f"{indent}{part} = tensor.extract_slice {acc}{where} : {out.type} to {run_t} {loc}",
-                  f"{indent}{filled} = {fill} outs({part} : {run_t}) -> {run_t} {loc}",
-                  f"{indent}{upd} = tensor.insert_slice {filled} into {acc}{where} : {run_t} into {out.type} {loc}"]
-        for k in reversed(range(d)):
-            indent = "    " + "  " * k
-            lines += [f"{indent}  scf.yield {upd} : {out.type} {loc}",
-                      f"{indent}}} {{loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>}} {loc}"]
+        return ivs, results, acc
+
+    def _close_loops(self, upd: str, ty: str, results: list[str], depth: int) -> None:
+        for k in reversed(range(len(results))):
+            indent = "    " + "  " * (depth + k)
+            self.body.lines += [f"{indent}  scf.yield {upd} : {ty} {self.loc}", f"{indent}}} {self._NO_UNROLL} {self.loc}"]
             upd = results[k]
+
+    def _fill_slice(self, acc: str, ty: str, c: Scalar, dtype: torch.dtype, at: Sequence[str | int],
+                    sizes: Sequence[int], run: tuple[int, ...], depth: int) -> str:
+        """``acc[at : at + sizes]`` (unit sizes dropped: the run's shape ``run``) filled with ``c``."""
+        nm, loc, indent = self.body.namer, self.loc, "    " + "  " * depth
+        run_t = tensor_type(run, dtype)
+        where = f"[{', '.join(map(str, at))}] [{', '.join(map(str, sizes))}] [{', '.join(['1'] * len(sizes))}]"
+        part, filled, upd = nm("t"), nm("t"), nm("t")
+        self.body.lines += [
+            f"{indent}{part} = tensor.extract_slice {acc}{where} : {ty} to {run_t} {loc}",
+            f"{indent}{filled} = linalg.fill ins({c.name} : {storage_type(dtype)}) outs({part} : {run_t}) -> {run_t} {loc}",
+            f"{indent}{upd} = tensor.insert_slice {filled} into {acc}{where} : {run_t} into {ty} {loc}"]
+        return upd
+
+    def _fill_runs(self, out: TensorValue, c: Scalar, lead_at: list[int], lead_sizes: list[int], start: int,
+                   size: int) -> TensorValue:
+        """``out`` with ``c`` in ``out[lead box, start:start + size, ...]``: one ``linalg.fill`` of the
+        contiguous run ``[start:start + size, ...]`` per index of the leading box."""
+        shape, dtype, d = out.shape, out.dtype, len(lead_at)
+        rest = (size,) + tuple(shape[d + 1:])
+        tail = [start] + [0] * (len(shape) - d - 1)
+        if math.prod(lead_sizes) == 1:
+            name = self._fill_slice(out.name, out.type, c, dtype, lead_at + tail, [1] * d + list(rest), rest, 0)
+            return TensorValue(name, shape, dtype)
+        ivs, results, acc = self._open_loops(out.name, out.type, [(o, o + z) for o, z in zip(lead_at, lead_sizes)], 0)
+        upd = self._fill_slice(acc, out.type, c, dtype, ivs + tail, [1] * d + list(rest), rest, d)
+        self._close_loops(upd, out.type, results, 0)
         return TensorValue(results[0], shape, dtype)
+
+    def _fill_row_ends(self, out: TensorValue, c: Scalar, lead_at: list[int], lead_sizes: list[int], left: int,
+                       right: int) -> TensorValue:
+        """``out`` with ``c`` in the ``left`` first and ``right`` last elements of each row of the
+        leading box (dims before the last). Two column strips would sweep every row's cache lines
+        twice before the copy into the box sweeps them again; here a row's right end and the next
+        row's left end are one run of ``right + left`` elements of the plane viewed flat, one sweep
+        (the top and bottom strips, already filled, absorb the runs past the box's first and last
+        rows where they exist)."""
+        shape, dtype = out.shape, out.dtype
+        d, wp, hp = len(shape) - 1, shape[-1], shape[-2]
+        w = wp - left - right
+        oh, sh = lead_at[-1], lead_sizes[-1]
+        flat_shape = tuple(shape[:-2]) + (hp * wp,)
+        flat_t = tensor_type(flat_shape, dtype)
+        groups = ", ".join([f"[{k}]" for k in range(d - 1)] + [f"[{d - 1}, {d}]"])
+        flat = self.emit(f"tensor.collapse_shape {out.name} [{groups}] : {out.type} into {flat_t}", flat_shape, dtype)
+        outer = list(zip(lead_at[:-1], lead_sizes[:-1]))
+        ivs, results, acc = self._open_loops(flat.name, flat_t, [(o, o + z) for o, z in outer], 0) if outer \
+            else ([], [], flat.name)
+        depth = len(outer)
+        ones = [1] * (d - 1)
+
+        def run(acc: str, start: "int | str", n: int, depth: int) -> str:
+            return self._fill_slice(acc, flat_t, c, dtype, ivs + [start], ones + [n], (n,), depth) if n else acc
+        first = oh - 1 if oh >= 1 else oh       # the run after row h: [h*wp + left + w, (h+1)*wp + left)
+        if oh == 0:
+            acc = run(acc, 0, left, depth)
+        whole = oh + sh < hp or left == 0        # the last box row's run fits before the plane's end
+        stop = oh + sh if whole else oh + sh - 1
+        if stop > first:
+            (h,), inner_results, inner = self._open_loops(acc, flat_t, [(first, stop)], depth)
+            at = self.body.namer("x")
+            self.body.lines.append(f"    {'  ' * (depth + 1)}{at} = affine.apply affine_map<(d0) -> "
+                                   f"(d0 * {wp} + {left + w})>({h}) {self.loc}")
+            upd = run(inner, at, left + right, depth + 1)
+            self._close_loops(upd, flat_t, inner_results, depth)
+            acc = inner_results[0]
+        if not whole:
+            acc = run(acc, (oh + sh - 1) * wp + left + w, right, depth)
+        if outer:
+            self._close_loops(acc, flat_t, results, 0)
+            acc = results[0]
+        expanded = self.emit(f"tensor.expand_shape {acc} [{groups}] output_shape [{', '.join(map(str, shape))}] : "
+                             f"{flat_t} into {out.type}", shape, dtype)
+        return expanded
 
     def padded(self, x: "TensorValue | LazyTensor", shape: Sequence[int], offsets: Sequence[int],
                value: float | int | bool = 0) -> TensorValue:

@@ -489,6 +489,25 @@ def test_strided_depthwise_input_gradient_spread_matches_float64(dims, size, k, 
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("groups, pad, size", [(6, (0, 1), (7, 9)), (6, (1, 0), (9, 7)), (6, (2, 1), (5, 8)),
+                                              (1, (0, 3), (6, 5)), (1, (1, 2), (4, 11)), (3, (2, 2), (1, 1))],
+                         ids=str)
+def test_zero_padded_copies_match_float64(groups, pad, size):
+    """The border of a convolution's zero-padded input filled around the copied box: no top and
+    bottom rows (the first and last row ends filled on their own), no columns, unequal pads,
+    one-pixel images; forward and both gradients against float64 eager."""
+    g = torch.Generator().manual_seed(sum(pad) + groups)
+    x = torch.randn(2, 6, *size, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(6, 6 // groups, 3, 3, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def f(x, w):
+        return F.conv2d(x, w, None, 1, pad, 1, groups).sin().sum()
+    got = torch.autograd.grad(neuron_compile(f)(x, w), (x, w))
+    want = torch.autograd.grad(f(x, w), (x, w))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
 def test_col2im_is_never_split_across_threads_where_windows_overlap():
     """A Conv3d input gradient whose col2im was split over output positions: two threads' slices
     wrote the same input elements through different kernel offsets (0.3-0.7 relative error,

@@ -117,20 +117,21 @@ def test_a_strided_input_gradient_spread_is_one_vectorizable_pass_not_a_strided_
 
 def test_a_zero_padded_copy_fills_only_the_border_in_loops_llvm_does_not_unroll():
     """A depthwise convolution's zero-padded input [2, 8, 18, 18] is filled only outside the copied
-    [2, 8, 16, 16] box (two row strips, two column strips), not whole and then overwritten; each
-    strip is one fill of a contiguous run per leading index (2·8 rows of 18, 2·8·16 single
-    elements) in ``scf.for`` loops marked not to unroll (unrolled, its ``memset``s made ``llc`` take
-    seconds on one basic block)."""
+    [2, 8, 16, 16] box, not whole and then overwritten: the top and bottom rows one run of 18 per
+    image and channel, and each row's right end with the next row's left end one run of 2 in the
+    plane viewed flat (one sweep over the rows, not one per column strip), in ``scf.for`` loops
+    marked not to unroll (unrolled, their ``memset``s made ``llc`` take seconds on one block)."""
     ir = _mlir(lambda x, w: torch.nn.functional.conv2d(x, w, None, 1, 1, 1, 8), torch.randn(2, 8, 16, 16),
                torch.randn(8, 1, 3, 3))
     fills = re.findall(r"linalg\.fill ins\(%\w+ : f32\) outs\(%\w+ : tensor<([0-9x]+)xf32>\)", ir)
     assert "2x8x18x18" not in fills, fills
-    runs = sorted(f for f in fills if f in ("1x18", "1"))
-    assert runs == ["1", "1", "1x18", "1x18"], fills
-    # a loop per leading dim, each marked not to unroll: N and C for the row strips, N, C, H for the columns
-    loops = re.findall(r"scf\.for %\w+ = %\w+ to %\w+ step %\w+ iter_args\(%\w+ = %\w+\) -> "
-                       r"\(tensor<2x8x18x18xf32>\)", ir)
-    assert len(loops) == 2 * 2 + 2 * 3, ir
+    assert sorted(f for f in fills if f in ("1x18", "2", "1")) == ["1x18", "1x18", "2"], fills
+    assert re.search(r"tensor\.collapse_shape %\w+ \[\[0\], \[1\], \[2, 3\]\] : tensor<2x8x18x18xf32> into "
+                     r"tensor<2x8x324xf32>", ir), ir
+    assert "affine_map<(d0) -> (d0 * 18 + 17)>" in ir, ir      # the run after row h starts at h*18 + 1 + 16
+    # loops: N and C per row strip; N, C and the 17 row ends (rows 0..16: row 0 is the top strip's)
+    loops = re.findall(r"scf\.for %\w+ = (%\w+) to (%\w+) step %\w+ iter_args", ir)
+    assert len(loops) == 2 * 2 + 3, ir
     assert ir.count("loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>") == len(loops), ir
 
 
