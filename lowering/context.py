@@ -160,10 +160,10 @@ class FunctionBody:
             tick = f"func.call @{PROFILE_TICK}("
             since = next((i + 1 for i in range(len(self.lines) - 3, -1, -1) if tick in self.lines[i]), 0)
             at = next((i for i in range(since, len(self.lines)) if tag.match(self.lines[i])), None)
-            if at is not None:
+            if at is not None:   # prefixed to the op's line: rules keep indices into ``lines``
                 g = self.namer("prof")
-                self.lines[at:at] = [f"    {g} = arith.constant {GLUE_SLOT + info.id} : i64",
-                                     f"    func.call @{PROFILE_TICK}({g}) : (i64) -> ()"]
+                self.lines[at] = (f"    {g} = arith.constant {GLUE_SLOT + info.id} : i64\n"
+                                  f"    func.call @{PROFILE_TICK}({g}) : (i64) -> ()\n{self.lines[at]}")
 
     def operand(self, v: TensorValue, exprs: Sequence[str] = (), output: bool = False) -> KernelOperand:
         return KernelOperand(v.shape, v.dtype, tuple(exprs), self.strides.get(v.name.split("#")[0]), output, v.name)
@@ -243,8 +243,10 @@ class LoweringContext:
         a fill of one contiguous run per index of those dims (:meth:`_fill_runs`)."""
         shape = [int(s) for s in shape]
         out = self.empty(shape, dtype)
-        if [int(s) for s in sizes] == shape:
+        if [int(s) for s in sizes] == shape or math.prod(shape) == 0:
             return out
+        if math.prod(int(s) for s in sizes) == 0:
+            return self.fill(shape, dtype, value)
         c = self.scalar_const(value, dtype)
         last = len(shape) - 1
         for d in range(len(shape)):

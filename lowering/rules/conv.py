@@ -454,7 +454,10 @@ def lower_convolution_backward(ctx: LoweringContext, grad: TensorValue, x: Tenso
                        else _grad_weight(ctx, grad, x, w, stride, padding, dilation, groups))
     else:
         results.append(None)
-    if output_mask[2]:
+    if output_mask[2] and tuple(bias_sizes) != (grad.shape[1],):
+        # no input channels: an empty output, a zero gradient for every bias element (eager's)
+        results.append(ctx.fill(list(bias_sizes), dtype, 0))
+    elif output_mask[2]:
         total = ctx.reduce(grad, [0] + list(range(2, grad.rank)), False, 0, lambda b, a, v: b.add(a, v),
                            torch.float64 if dtype == torch.float32 else acc)
         results.append(ctx.materialize(ctx.cast(total, dtype)))

@@ -696,3 +696,22 @@ def test_transposed_convolution_with_output_padding_at_unit_stride_matches_eager
     def fn(x, w):
         return CONV_T[len(shape) - 2](x, w, None, stride=1, padding=1, output_padding=1, dilation=2)
     _assert_like_float64(fn, [x, w], dict(rtol=1e-10, atol=1e-10))
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_a_convolution_without_input_channels_has_eager_gradients(dims):
+    """No input channels: an empty output, and every bias element's gradient zero (the bias
+    gradient was reduced over the empty output to shape (0,): an mlir-opt shape error; a new
+    user's trial)."""
+    conv = (F.conv1d, F.conv2d)[dims - 1]
+    x = torch.randn(2, 0, *[5] * dims, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 0, *[3] * dims, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+
+    def f(x, w, b):
+        return conv(x, w, b, 1, 1)
+    got, want = neuron_compile(f)(x, w, b), f(x, w, b)
+    assert got.shape == want.shape
+    for a, e in zip(torch.autograd.grad(got.sum(), (x, w, b)), torch.autograd.grad(want.sum(), (x, w, b))):
+        assert a.shape == e.shape
+        torch.testing.assert_close(a, e)
