@@ -98,6 +98,7 @@ def rows(exe: Any) -> list[dict[str, Any]]:
 SLOW_GBPS = 1.0          # a kernel moving less than this per second is flagged (issue 41: "no silent cliffs")
 UNSCHEDULED = ("loops", "loops-forall")   # plain loops (LLVM's own vectorizer), on one thread or the pool
 FLAG_SHARE = 0.05        # ... as is a ``loops`` kernel taking at least this share of its graph
+GLUE_SHOWN = 0.005       # a glue row under this share of its graph is summed into one row of the table
 
 
 def flag(row: dict[str, Any]) -> str:
@@ -131,8 +132,18 @@ def seconds_by_schedule() -> dict[str, float]:
 
 
 def table(exe: Any) -> str:
-    """The profile of one executable as a text table, slowest kernels first."""
-    rs = sorted(rows(exe), key=lambda r: -r["seconds"])
+    """The profile of one executable as a text table, slowest kernels first; the glue rows under
+    :data:`GLUE_SHOWN` of the graph's time are summed into one ``<*`` row (a CNN has one before
+    almost every kernel, most of them microseconds: they buried the rows that matter)."""
+    rs = rows(exe)
+    small = [r for r in rs if r["kind"] == "(glue)" and r["share"] < GLUE_SHOWN]
+    if len(small) > 1:
+        rs = [r for r in rs if not (r["kind"] == "(glue)" and r["share"] < GLUE_SHOWN)]
+        rs.append({"kernel": "<*", "kind": "(glue)", "schedule": f"({len(small)} under {GLUE_SHOWN:.1%})",
+                   "ops": [], "ranges": "", "calls": max(r["calls"] for r in small),
+                   "seconds": sum(r["seconds"] for r in small), "share": sum(r["share"] for r in small),
+                   "rate": ""})
+    rs = sorted(rs, key=lambda r: -r["seconds"])
     calls = max((r["calls"] for r in rs), default=0)
     head = f"neuron-compile profile: {exe.name} ({calls} call{'s' if calls != 1 else ''})"
     lines = [head, f"{'kernel':>6} {'kind':<10} {'schedule':<16} {'loops':<16} {'ms/call':>9} {'share':>6} "

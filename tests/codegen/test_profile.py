@@ -108,3 +108,18 @@ def test_a_profiled_cnn_compiles_and_matches_eager(tmp_path):
                              options={"profile": True, "cache_dir": str(tmp_path)})
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_the_table_sums_glue_rows_under_the_shown_share_into_one(monkeypatch):
+    """Small glue rows are summed into one ``<*`` row, their seconds kept; a large one stays its own."""
+    from neuron_compile import profile
+    def row(kernel, kind, seconds, share):
+        return {"kernel": kernel, "kind": kind, "schedule": "(serial)" if kind == "(glue)" else "matmul", "ops": [],
+                "ranges": "", "calls": 10, "seconds": seconds, "share": share, "rate": ""}
+    rs = [row("<0", "(glue)", 0.0001, 0.001), row(0, "matmul", 0.08, 0.8), row("<1", "(glue)", 0.0002, 0.002),
+          row(1, "pointwise", 0.0097, 0.097), row("<2", "(glue)", 0.01, 0.1)]
+    monkeypatch.setattr(profile, "rows", lambda exe: rs)
+    text = profile.table(type("Exe", (), {"name": "g"})())
+    lines = text.splitlines()[2:]
+    assert [ln.split()[0] for ln in lines] == ["0", "<2", "1", "<*"]
+    assert "(2 under 0.5%)" in lines[-1] and f"{0.0003 / 10 * 1e3:.3f}" in lines[-1]
