@@ -369,8 +369,81 @@ class LoweringContext:
     def padded(self, x: "TensorValue | LazyTensor", shape: Sequence[int], offsets: Sequence[int],
                value: float | int | bool = 0) -> TensorValue:
         """``x`` written at ``offsets`` of a ``shape`` tensor holding ``value`` elsewhere (constant
-        padding): the border filled (:meth:`border`), then ``x`` copied or computed into the box."""
+        padding). A stored ``x`` (or a ``cat`` of stored pieces) padded in its last two dims is
+        written plane by plane (:meth:`_padded_planes`); otherwise the border is filled
+        (:meth:`border`), then ``x`` copied or computed into the box (a lazy ``x``: computed
+        there, one pass)."""
+        pieces = self._stored_planes(x, shape, offsets)
+        if pieces is not None:
+            return self._padded_planes(pieces, [int(s) for s in shape], [int(o) for o in offsets[-2:]], value)
         return self.insert_slice(x, self.border(shape, x.dtype, value, offsets, x.shape), offsets)
+
+    def _stored_planes(self, x: "TensorValue | LazyTensor", shape: Sequence[int], offsets: Sequence[int]
+                       ) -> "list[tuple[TensorValue, list[int]]] | None":
+        """``x`` as stored pieces and their offsets in the leading dims of ``shape`` when it is
+        padded in its last two dims only (a stored value: one piece; a ``cat`` along a leading
+        dim: its pieces, each stored), else ``None``."""
+        if x.rank < 3 or numel(shape) == 0 or numel(x.shape) == 0 or numel(shape[:-2]) < 2 \
+                or list(offsets[:-2]) != [0] * (x.rank - 2) or list(x.shape[:-2]) != list(shape[:-2]):
+            return None
+        if isinstance(x, TensorValue) and x.name in self.body.concats:
+            pieces = [(p, list(at[:-2])) for p, at in self.body.concats[x.name]]
+            if all(isinstance(p, TensorValue) and p.name not in self.body.concats and list(at[-2:]) == [0, 0]
+                   and list(p.shape[-2:]) == list(x.shape[-2:]) for p, at in self.body.concats[x.name]):
+                return pieces
+            return None
+        return [(x, [0] * (x.rank - 2))] if isinstance(x, TensorValue) else None
+
+    def _padded_planes(self, pieces: "list[tuple[TensorValue, list[int]]]", shape: list[int], at: list[int],
+                       value: float | int | bool) -> TensorValue:
+        """:meth:`padded` of stored pieces (each at its offsets in the leading dims) padded in
+        the last two dims: per piece one ``scf.forall`` over its planes (``forall-loop``), each
+        plane of the result filled whole with ``value`` and the piece's plane copied into its box
+        while the plane is in cache. Filled as a separate pass (:meth:`border`: serial loops
+        before a copy kernel), each border run missed its cache line once more before the copy
+        wrote it again (a depthwise stride-2 layer's 16×96×34×34 input at 2 threads: 0.22 ms of
+        serial fills before a 0.30 ms copy, AMD Zen 3)."""
+        dtype, lead = pieces[0][0].dtype, len(shape) - 2
+        hp, wp = shape[-2:]
+        out = self.empty(shape, dtype)
+        c = self.scalar_const(value, dtype)
+        nm, lines, loc = self.body.namer, self.body.lines, self.loc
+        plane_t, st = tensor_type((hp, wp), dtype), storage_type(dtype)
+        ones = ", ".join(["1"] * len(shape))
+        for piece, offs in pieces:
+            h, w = piece.shape[-2:]
+            box_t = tensor_type((h, w), dtype)
+            tag, info = self.tagged_kernel("loop", [piece], [out])
+            info.attrs.update(forall=True, pad_planes=True)   # (pad-planes, else forall-loop)
+            self.body.used_as_init(out)
+            ivs = [nm("i") for _ in range(lead)]
+            shared, res, plane, filled, src, box, copied, new = (nm("acc"), nm("t"), nm("t"), nm("t"), nm("t"),
+                                                                 nm("t"), nm("t"), nm("t"))
+            dest, applies = [], []
+            for iv, o in zip(ivs, offs):
+                dest.append(nm("x") if o else iv)
+                if o:
+                    applies.append(f"      {dest[-1]} = affine.apply affine_map<(d0) -> (d0 + {o})>({iv}) {loc}")
+            where = f"[{', '.join(dest + ['0', '0'])}] [{', '.join(['1'] * lead)}, {hp}, {wp}] [{ones}]"
+            src_where = f"[{', '.join(ivs + ['0', '0'])}] [{', '.join(['1'] * lead)}, {h}, {w}] [{ones}]"
+            body = [f"      {plane} = tensor.extract_slice {shared}{where} : {out.type} to {plane_t} {loc}",
+                    f"      {filled} = linalg.fill ins({c.name} : {st}) outs({plane} : {plane_t}) -> {plane_t} {loc}",
+                    f"      {src} = tensor.extract_slice {piece.name}{src_where} : {piece.type} to {box_t} {loc}",
+                    f"      {box} = tensor.extract_slice {filled}[{at[0]}, {at[1]}] [{h}, {w}] [1, 1] : "
+                    f"{plane_t} to {box_t} {loc}",
+                    f"      {copied} = linalg.copy ins({src} : {box_t}) outs({box} : {box_t}) -> {box_t} {loc}",
+                    f"      {new} = tensor.insert_slice {copied} into {filled}[{at[0]}, {at[1]}] [{h}, {w}] "
+                    f"[1, 1] : {box_t} into {plane_t} {loc}"]
+            head = (f"    {res} = scf.forall ({', '.join(ivs)}) in ({', '.join(map(str, piece.shape[:-2]))}) "
+                    f"shared_outs({shared} = {out.name}) -> ({out.type}) {{")
+            lines += [head, *applies, *body,
+                      "      scf.forall.in_parallel {",
+                      f"        tensor.parallel_insert_slice {new} into {shared}{where} : {plane_t} into {out.type}",
+                      "      }",
+                      f"    }} {tag} {loc}"]
+            self.body.add_kernel(info)
+            out = TensorValue(res, tuple(shape), dtype)
+        return out
 
     # -- linalg.generic --------------------------------------------------------------------------
     def generic(self, ins: Sequence[TensorValue], in_maps: Sequence[str], init: TensorValue,

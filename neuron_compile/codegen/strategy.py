@@ -105,11 +105,12 @@ def strategies() -> tuple[Strategy, ...]:
     from neuron_compile.codegen.strategies.loops import ForallLoop, Loops, LoopsForall
     from neuron_compile.codegen.strategies.fused_rows import FusedRows
     from neuron_compile.codegen.strategies.matmul import MatmulTiled
+    from neuron_compile.codegen.strategies.pad_planes import PadPlanes
     from neuron_compile.codegen.strategies.transpose import TransposeTiles
     from neuron_compile.codegen.strategies.vector import ColumnReduction, CopyRows, Pointwise, RowReduction
     from neuron_compile.codegen.strategies.window import WindowReduction, WindowStencil
     return (MatmulTiled(), FusedRows(), Pointwise(), RowReduction(), ColumnReduction(), WindowReduction(),
-            WindowStencil(), CopyRows(), TransposeTiles(), ForallLoop(), LoopsForall(), Loops())
+            WindowStencil(), CopyRows(), TransposeTiles(), PadPlanes(), ForallLoop(), LoopsForall(), Loops())
 
 
 def strategy_named(name: str) -> Strategy:

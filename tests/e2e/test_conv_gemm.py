@@ -116,9 +116,10 @@ def test_unit_stride_forward_is_one_implicit_gemm_kernel():
     (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
     assert gemm.attrs["conv"] and gemm.attrs["shared_a"] and gemm.attrs["batch"] == 4
     assert (gemm.attrs["m"], gemm.attrs["n"], gemm.attrs["k"]) == (16, 144, 72)
-    # no im2col matrix: the other kernels are the zero-padded copy of the input and the crop of the
-    # output (computed on the padded grid) into the graph's output
-    assert [k.kind for k, _ in ks if k.kind != "matmul"] == ["copy", "pointwise"]
+    # no im2col matrix: the other kernels are the zero-padded copy of the input (plane by plane,
+    # vectorized) and the crop of the output (computed on the padded grid) into the graph's output
+    assert [(k.kind, s.strategy) for k, s in ks if k.kind != "matmul"] == [("loop", "pad-planes"),
+                                                                            ("pointwise", "pointwise")]
     assert all(o.affine for k, _ in ks for o in k.operands)
 
 

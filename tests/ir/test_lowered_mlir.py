@@ -115,23 +115,24 @@ def test_a_strided_input_gradient_spread_is_one_vectorizable_pass_not_a_strided_
     assert not re.search(r"\[1, 1, 2, 2\] :", ir), ir   # no strided slice anywhere
 
 
-def test_a_zero_padded_copy_fills_only_the_border_in_loops_llvm_does_not_unroll():
-    """A depthwise convolution's zero-padded input [2, 8, 18, 18] is filled only outside the copied
-    [2, 8, 16, 16] box, not whole and then overwritten: the top and bottom rows one run of 18 per
-    image and channel, and each row's right end with the next row's left end one run of 2 in the
-    plane viewed flat (one sweep over the rows, not one per column strip), in ``scf.for`` loops
-    marked not to unroll (unrolled, their ``memset``s made ``llc`` take seconds on one block)."""
-    ir = _mlir(lambda x, w: torch.nn.functional.conv2d(x, w, None, 1, 1, 1, 8), torch.randn(2, 8, 16, 16),
-               torch.randn(8, 1, 3, 3))
+def test_a_zero_padded_volume_fills_only_the_border_in_loops_llvm_does_not_unroll():
+    """A depthwise 3-D convolution's zero-padded input [2, 4, 8, 8, 8] (padded in three dims: not
+    plane by plane) is filled only outside the copied [2, 4, 6, 6, 6] box, not whole and then
+    overwritten: the front and back planes one run of 8x8 per image and channel, each box plane's
+    top and bottom rows one run of 8, and each row's right end with the next row's left end one
+    run of 2 in the plane viewed flat (one sweep over the rows, not one per column strip), in
+    ``scf.for`` loops marked not to unroll (unrolled, their ``memset``s made ``llc`` take seconds
+    on one block)."""
+    ir = _mlir(lambda x, w: torch.nn.functional.conv3d(x, w, None, 1, 1, 1, 4), torch.randn(2, 4, 6, 6, 6),
+               torch.randn(4, 1, 3, 3, 3))
     fills = re.findall(r"linalg\.fill ins\(%\w+ : f32\) outs\(%\w+ : tensor<([0-9x]+)xf32>\)", ir)
-    assert "2x8x18x18" not in fills, fills
-    assert sorted(f for f in fills if f in ("1x18", "2", "1")) == ["1x18", "1x18", "2"], fills
-    assert re.search(r"tensor\.collapse_shape %\w+ \[\[0\], \[1\], \[2, 3\]\] : tensor<2x8x18x18xf32> into "
-                     r"tensor<2x8x324xf32>", ir), ir
-    assert "affine_map<(d0) -> (d0 * 18 + 17)>" in ir, ir      # the run after row h starts at h*18 + 1 + 16
-    # loops: N and C per row strip; N, C and the 17 row ends (rows 0..16: row 0 is the top strip's)
+    assert "2x4x8x8x8" not in fills, fills
+    assert sorted(f for f in fills if f in ("1x8x8", "1x8", "2")) == ["1x8", "1x8", "1x8x8", "1x8x8", "2"], fills
+    assert "tensor<2x4x8x8x8xf32> into tensor<2x4x8x64xf32>" in ir, ir
+    assert "affine_map<(d0) -> (d0 * 8 + 7)>" in ir, ir      # the run after row h starts at h*8 + 1 + 6
+    # loops: N and C per plane strip; N, C and D per row strip; N, C, D and the 7 row ends
     loops = re.findall(r"scf\.for %\w+ = (%\w+) to (%\w+) step %\w+ iter_args", ir)
-    assert len(loops) == 2 * 2 + 3, ir
+    assert len(loops) == 2 * 2 + 2 * 3 + 4, ir
     assert ir.count("loop_annotation = #llvm.loop_annotation<unroll = <disable = true>>") == len(loops), ir
 
 
@@ -145,3 +146,18 @@ def test_a_bias_initialising_a_convolution_accumulator_is_a_vectorized_kernel():
                      r"affine_map<\(d0, d1, d2, d3\) -> \(d0, d1, d2, d3\)>\][^\n]*\} ins\(%\w+ : tensor<8xf32>\) "
                      r"outs\(%\w+ : tensor<2x8x16x16xf32>\)", ir)
     assert init and 'neuron.kind = "pointwise"' in init.group(0), ir
+
+
+def test_a_zero_padded_stored_input_is_written_plane_by_plane_in_one_parallel_loop():
+    """A stored input (and each stored piece of a ``cat``) padded in its last two dims is one
+    ``scf.forall`` over its planes, each plane filled whole and the piece's plane copied into its
+    box while in cache: no serial border fills before a copy kernel. A ``cat``'s second piece
+    writes the planes after the first's channels."""
+    ir = _mlir(lambda a, b, w: torch.nn.functional.conv2d(torch.cat([a, b], 1), w, None, 1, 1, 1, 12),
+               torch.randn(2, 5, 9, 7), torch.randn(2, 7, 9, 7), torch.randn(12, 1, 3, 3))
+    loops = re.findall(r"scf\.forall \((%\w+), (%\w+)\) in \((\d+), (\d+)\) shared_outs", ir)
+    assert [(n, c) for _, _, n, c in loops] == [("2", "5"), ("2", "7")], ir
+    assert len(re.findall(r"linalg\.fill ins\(%\w+ : f32\) outs\(%\w+ : tensor<11x9xf32>\)", ir)) == 2, ir
+    assert len(re.findall(r"linalg\.copy ins\(%\w+ : tensor<9x7xf32>\) outs\(%\w+ : tensor<9x7xf32>\)", ir)) == 2
+    assert f"affine_map<(d0) -> (d0 + 5)>({loops[1][1]})" in ir, ir
+    assert 'neuron.kind = "loop"' in ir and "loop_annotation" not in ir, ir
