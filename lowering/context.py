@@ -395,26 +395,29 @@ class LoweringContext:
         return [(x, [0] * (x.rank - 2))] if isinstance(x, TensorValue) else None
 
     def _padded_planes(self, pieces: "list[tuple[TensorValue, list[int]]]", shape: list[int], at: list[int],
-                       value: float | int | bool) -> TensorValue:
+                       value: float | int | bool, perm: Sequence[int] | None = None) -> TensorValue:
         """:meth:`padded` of stored pieces (each at its offsets in the leading dims) padded in
-        the last two dims: per piece one ``scf.forall`` over its planes (``forall-loop``), each
-        plane of the result filled whole with ``value`` and the piece's plane copied into its box
-        while the plane is in cache. Filled as a separate pass (:meth:`border`: serial loops
-        before a copy kernel), each border run missed its cache line once more before the copy
-        wrote it again (a depthwise stride-2 layer's 16×96×34×34 input at 2 threads: 0.22 ms of
-        serial fills before a 0.30 ms copy, AMD Zen 3)."""
-        dtype, lead = pieces[0][0].dtype, len(shape) - 2
-        hp, wp = shape[-2:]
+        the last ``len(at)`` dims (a plane): per piece one ``scf.forall`` over its planes
+        (``pad-planes``), each plane of the result filled whole with ``value`` and the piece's
+        plane copied into its box at ``at`` while the plane is in cache; with ``perm``, the
+        piece's plane transposed by ``perm`` into the box (:meth:`phase_planes`). Filled as a
+        separate pass (:meth:`border`: serial loops before a copy kernel), each border run missed
+        its cache line once more before the copy wrote it again (a depthwise stride-2 layer's
+        16×96×34×34 input at 2 threads: 0.22 ms of serial fills before a 0.30 ms copy, AMD Zen 3)."""
+        dtype, k = pieces[0][0].dtype, len(at)
+        lead = len(shape) - k
+        plane_shape = shape[lead:]
         out = self.empty(shape, dtype)
         c = self.scalar_const(value, dtype)
         nm, lines, loc = self.body.namer, self.body.lines, self.loc
-        plane_t, st = tensor_type((hp, wp), dtype), storage_type(dtype)
-        ones = ", ".join(["1"] * len(shape))
+        plane_t, st = tensor_type(tuple(plane_shape), dtype), storage_type(dtype)
+        ones, unit = ", ".join(["1"] * len(shape)), ", ".join(["1"] * k)
         for piece, offs in pieces:
-            h, w = piece.shape[-2:]
-            box_t = tensor_type((h, w), dtype)
+            src_shape = list(piece.shape[lead:])
+            box_shape = [src_shape[p] for p in perm] if perm else src_shape
+            src_t, box_t = tensor_type(tuple(src_shape), dtype), tensor_type(tuple(box_shape), dtype)
             tag, info = self.tagged_kernel("loop", [piece], [out])
-            info.attrs.update(forall=True, pad_planes=True)   # (pad-planes, else forall-loop)
+            info.attrs.update(forall=True, pad_planes=k, transposed=bool(perm))   # (pad-planes, else forall-loop)
             self.body.used_as_init(out)
             ivs = [nm("i") for _ in range(lead)]
             shared, res, plane, filled, src, box, copied, new = (nm("acc"), nm("t"), nm("t"), nm("t"), nm("t"),
@@ -424,17 +427,20 @@ class LoweringContext:
                 dest.append(nm("x") if o else iv)
                 if o:
                     applies.append(f"      {dest[-1]} = affine.apply affine_map<(d0) -> (d0 + {o})>({iv}) {loc}")
-            where = f"[{', '.join(dest + ['0', '0'])}] [{', '.join(['1'] * lead)}, {hp}, {wp}] [{ones}]"
-            src_where = f"[{', '.join(ivs + ['0', '0'])}] [{', '.join(['1'] * lead)}, {h}, {w}] [{ones}]"
+            lead1, zeros = ", ".join(["1"] * lead), ", ".join(["0"] * k)
+            where = f"[{', '.join(dest)}, {zeros}] [{lead1}, {', '.join(map(str, plane_shape))}] [{ones}]"
+            src_where = f"[{', '.join(ivs)}, {zeros}] [{lead1}, {', '.join(map(str, src_shape))}] [{ones}]"
+            box_where = f"[{', '.join(map(str, at))}] [{', '.join(map(str, box_shape))}] [{unit}]"
+            op = (f"linalg.transpose ins({src} : {src_t}) outs({box} : {box_t}) permutation = "
+                  f"[{', '.join(map(str, perm))}]" if perm else
+                  f"linalg.copy ins({src} : {src_t}) outs({box} : {box_t}) -> {box_t}")
             body = [f"      {plane} = tensor.extract_slice {shared}{where} : {out.type} to {plane_t} {loc}",
                     f"      {filled} = linalg.fill ins({c.name} : {st}) outs({plane} : {plane_t}) -> {plane_t} {loc}",
-                    f"      {src} = tensor.extract_slice {piece.name}{src_where} : {piece.type} to {box_t} {loc}",
-                    f"      {box} = tensor.extract_slice {filled}[{at[0]}, {at[1]}] [{h}, {w}] [1, 1] : "
-                    f"{plane_t} to {box_t} {loc}",
-                    f"      {copied} = linalg.copy ins({src} : {box_t}) outs({box} : {box_t}) -> {box_t} {loc}",
-                    f"      {new} = tensor.insert_slice {copied} into {filled}[{at[0]}, {at[1]}] [{h}, {w}] "
-                    f"[1, 1] : {box_t} into {plane_t} {loc}"]
-            head = (f"    {res} = scf.forall ({', '.join(ivs)}) in ({', '.join(map(str, piece.shape[:-2]))}) "
+                    f"      {src} = tensor.extract_slice {piece.name}{src_where} : {piece.type} to {src_t} {loc}",
+                    f"      {box} = tensor.extract_slice {filled}{box_where} : {plane_t} to {box_t} {loc}",
+                    f"      {copied} = {op} {loc}",
+                    f"      {new} = tensor.insert_slice {copied} into {filled}{box_where} : {box_t} into {plane_t} {loc}"]
+            head = (f"    {res} = scf.forall ({', '.join(ivs)}) in ({', '.join(map(str, piece.shape[:lead]))}) "
                     f"shared_outs({shared} = {out.name}) -> ({out.type}) {{")
             lines += [head, *applies, *body,
                       "      scf.forall.in_parallel {",
@@ -444,6 +450,18 @@ class LoweringContext:
             self.body.add_kernel(info)
             out = TensorValue(res, tuple(shape), dtype)
         return out
+
+    def phase_planes(self, x: TensorValue, rows: tuple[int, int], left: int, cols: int) -> TensorValue:
+        """``x`` [..., H, W] (W even) as its two column phases, zero-padded: [..., top + H + bottom,
+        2, cols] with ``[..., top + h, q, left + i] = x[..., h, 2i + q]`` and zeros elsewhere
+        (``rows = (top, bottom)``). A window read at stride 2 along W is a unit-stride window of
+        one phase (a stride-2 depthwise convolution: :func:`~neuron_compile.lowering.rules.conv`).
+        One ``pad-planes`` kernel: each plane filled, then ``x``'s plane viewed [H, W/2, 2]
+        transposed into the box."""
+        *lead, h, w = x.shape
+        pairs = self.reshape(x, (*lead, h, w // 2, 2))
+        shape = [*lead, rows[0] + h + rows[1], 2, cols]
+        return self._padded_planes([(pairs, [0] * len(lead))], shape, [rows[0], 0, left], 0, perm=(0, 2, 1))
 
     # -- linalg.generic --------------------------------------------------------------------------
     def generic(self, ins: Sequence[TensorValue], in_maps: Sequence[str], init: TensorValue,

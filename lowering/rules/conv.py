@@ -101,7 +101,8 @@ def _depthwise_rows(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: Tens
                     dilation, shape, acc_dtype: torch.dtype) -> "LazyTensor | None":
     """A 2-D depthwise convolution [N, C, OH, OW] whose output rows are too short for
     ``window-stencil`` (a row under half a register: 4×4 planes) or read the input at a stride
-    (stride 2), computed with unit-stride rows and cropped. Strided along W: every column of the
+    (stride 2), computed with unit-stride rows. A stored input at stride 2 along an even W: over
+    its column phases (:func:`_depthwise_phases`). Otherwise strided along W: every column of the
     row at unit stride, then every ``sw``-th kept (``sw``× the multiply-adds, vectorized). Short
     rows at unit stride: the plane flattened with its padded width (as the implicit GEMM does),
     rows of ``OH·Wp`` positions, the ``Wp - OW`` wrapped columns of each row cropped. Both ran on
@@ -118,7 +119,13 @@ def _depthwise_rows(ctx: LoweringContext, x: "TensorValue | LazyTensor", w: Tens
     full = wp - dw * (kw - 1)   # output columns at unit stride
     bits = ctx.body.target.vector_bits if ctx.body.target is not None else 512
     half = bits // (2 * (32 if acc_dtype == torch.float32 else 64))   # window-stencil's shortest row
-    if sw > 1 and full >= half:
+    if sw == 2 and dw == 1 and wd % 2 == 0 and isinstance(x, TensorValue) and ow >= half:
+        # (a lazy input keeps the cropped form: computed into its padded copy, one pass; materialised
+        # for the phases, within noise either way on MobileNetV2, AMD Zen 3)
+        crop = _depthwise_phases(ctx, x, w, sh, ph, pw, dh, shape, acc_dtype)
+        if bias is None:
+            return crop   # (no crop: a kernel's output, no view of one)
+    elif sw > 1 and full >= half:
         xp = conv_gemm.pad_spatial(ctx, x, [ph, pw])
         x_map = affine_map(6, ["d0", "d1", f"d2 * {sh} + d4 * {dh}", f"d3 + d5 * {dw}"])
         out = ctx.generic([xp, w], [x_map, affine_map(6, ["d1", "0", "d4", "d5"])],
@@ -287,6 +294,39 @@ def _depthwise_grad_weight(ctx: LoweringContext, grad: TensorValue, x: TensorVal
     out = ctx.generic([grad, x_pad], [g_map, x_map], ctx.fill([w_shape[0], *w_shape[2:]], acc, 0), w_map,
                       ["parallel"] * (1 + k) + ["reduction"] * (1 + k), _mac(acc), attrs={"combiner": True})
     return ctx.reshape(ctx.cast(out, grad.dtype), tuple(w_shape))
+
+
+def _depthwise_phases(ctx: LoweringContext, x: TensorValue, w: TensorValue, sh: int, ph: int, pw: int, dh: int,
+                      shape, acc_dtype: torch.dtype) -> TensorValue:
+    """A 2-D depthwise convolution at stride 2 along W (unit dilation there, W even) as
+    unit-stride window sums over the input's two column phases (:meth:`LoweringContext.phase_planes`:
+    zero-padded by ``ph`` rows and ``lp = ceil(pw/2)`` columns). Tap ``kw`` of output column
+    ``ow`` reads padded column ``2·ow + kw`` = input column ``2·(ow + t) + q``: phase
+    ``q = (kw − pw) mod 2`` at ``ow + t + lp``, a unit-stride window; one window sum per phase over
+    its taps. Every multiply-add is one the convolution needs: unit-stride rows computed every
+    column and kept every other (twice the work) and their crop read at stride 2 (a gather the
+    vectorizer makes scalar inserts)."""
+    n, c, h, wd = x.shape
+    kh, kw = w.shape[2:]
+    oh, ow = shape[2], shape[3]
+    lp = -(-pw // 2)
+    phases: dict[int, list[int]] = {}
+    for k in range(kw):
+        phases.setdefault((k - pw) % 2, []).append(k)
+    starts = {q: (taps[0] - pw - q) // 2 + lp for q, taps in phases.items()}   # ow = 0's first tap
+    cols = max(lp + wd // 2, max(starts[q] + ow - 1 + len(taps) for q, taps in phases.items()))
+    rows = (oh - 1) * sh + (kh - 1) * dh + 1
+    xq = ctx.phase_planes(x, (ph, max(0, rows - ph - h)), lp, cols)
+    out = ctx.fill([n, c, oh, ow], acc_dtype, 0)
+    for q, taps in sorted(phases.items()):
+        view = ctx.extract_slice(xq, [0, 0, 0, q, starts[q]], [n, c, xq.shape[2], 1, ow + len(taps) - 1],
+                                 [1] * 5)
+        wq = ctx.extract_slice(w, [0, 0, 0, taps[0]], [c, 1, kh, len(taps)], [1, 1, 1, 2])
+        x_map = affine_map(6, ["d0", "d1", f"d2 * {sh} + d4 * {dh}", "0", "d3 + d5"])
+        out = ctx.generic([view, wq], [x_map, affine_map(6, ["d1", "0", "d4", "d5"])], out,
+                          affine_map(6, ["d0", "d1", "d2", "d3"]), ["parallel"] * 4 + ["reduction"] * 2,
+                          _mac(acc_dtype))
+    return out
 
 
 def _strided_phase(ctx: LoweringContext, x: TensorValue, s: int, r: int) -> TensorValue:

@@ -35,9 +35,10 @@ class PadPlanes:
     def transform(self, k: KernelInfo, s: Schedule) -> str:
         w = SequenceWriter()
         loop = w.match_kernel(k.id, op="scf.forall")
-        for op in ("linalg.fill", "linalg.copy"):
+        rank = int(k.attrs["pad_planes"])   # the plane's dims
+        for op in ("linalg.fill", "linalg.transpose" if k.attrs.get("transposed") else "linalg.copy"):
             h = w.fresh("op")
             w(f'{h} = transform.structured.match ops{{["{op}"]}} in {loop} : ({ANY}) -> {ANY}')
-            row, _ = w.tile_for(h, [1, 0])
+            row, _ = w.tile_for(h, [1] + [0] * (rank - 1))
             w.vectorize(row)
         return w.text()
