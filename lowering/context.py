@@ -241,13 +241,47 @@ class LoweringContext:
         float32, 7 MB stored twice). The complement of the box as at most two strips per dim: dim
         ``d``'s strips span the box along the dims before ``d`` and the whole tensor after it, each
         a fill of one contiguous run per index of those dims (:meth:`_fill_runs`)."""
-        shape = [int(s) for s in shape]
+        shape, offsets, sizes = [int(s) for s in shape], [int(o) for o in offsets], [int(s) for s in sizes]
         out = self.empty(shape, dtype)
-        if [int(s) for s in sizes] == shape or math.prod(shape) == 0:
+        if sizes == shape or math.prod(shape) == 0:
             return out
-        if math.prod(int(s) for s in sizes) == 0:
+        if math.prod(sizes) == 0:
             return self.fill(shape, dtype, value)
         c = self.scalar_const(value, dtype)
+        lead = len(shape) - 2
+        if lead >= 1 and offsets[:lead] == [0] * lead and sizes[:lead] == shape[:lead] and math.prod(shape[:lead]) >= 2:
+            return self._border_planes(out, c, offsets[lead:], sizes[lead:])
+        return self._border_into(out, c, offsets, sizes)
+
+    def _border_planes(self, out: TensorValue, c: Scalar, at: list[int], box: list[int]) -> TensorValue:
+        """:meth:`border` of a box that spans the leading dims, padded in the last two: the same
+        fills per plane, in one ``scf.forall`` over the planes (``forall-loop``: on the thread
+        pool, where the graph's serial code filled every plane's border on one thread: a
+        stride-2 depthwise input gradient's spread, 0.44 ms of serial fills at 2 threads, AMD Zen 3)."""
+        shape, dtype = list(out.shape), out.dtype
+        lead = len(shape) - 2
+        plane_t = tensor_type(tuple(shape[lead:]), dtype)
+        tag, info = self.tagged_kernel("loop", [], [out])
+        info.attrs["forall"] = True
+        self.body.used_as_init(out)
+        nm, lines, loc = self.body.namer, self.body.lines, self.loc
+        ivs, shared, res, plane = [nm("i") for _ in range(lead)], nm("acc"), nm("t"), nm("t")
+        where = (f"[{', '.join(ivs)}, 0, 0] [{', '.join(['1'] * lead)}, {shape[-2]}, {shape[-1]}] "
+                 f"[{', '.join(['1'] * len(shape))}]")
+        lines += [f"    {res} = scf.forall ({', '.join(ivs)}) in ({', '.join(map(str, shape[:lead]))}) "
+                  f"shared_outs({shared} = {out.name}) -> ({out.type}) {{",
+                  f"      {plane} = tensor.extract_slice {shared}{where} : {out.type} to {plane_t} {loc}"]
+        filled = self._border_into(TensorValue(plane, tuple(shape[lead:]), dtype), c, at, box)
+        lines += ["      scf.forall.in_parallel {",
+                  f"        tensor.parallel_insert_slice {filled.name} into {shared}{where} : {plane_t} into {out.type}",
+                  "      }",
+                  f"    }} {tag} {loc}"]
+        self.body.add_kernel(info)
+        return TensorValue(res, out.shape, dtype)
+
+    def _border_into(self, out: TensorValue, c: Scalar, offsets: list[int], sizes: list[int]) -> TensorValue:
+        """``out`` with ``c`` outside the box (:meth:`border`)."""
+        shape = list(out.shape)
         last = len(shape) - 1
         for d in range(len(shape)):
             lo, hi = int(offsets[d]), int(offsets[d]) + int(sizes[d])
