@@ -1,5 +1,5 @@
 """``pad-planes``: a zero-padded copy its lowering rule wrote as one ``scf.forall`` over planes
-(:meth:`~neuron_compile.lowering.context.LoweringContext.padded`: each plane filled whole, then the
+(:meth:`~neuron_compile.lowering.padding.Padding.padded`: each plane filled whole, then the
 input's plane copied into its box while the plane is in cache), with the fill and the copy
 vectorized row by row. As ``forall-loop`` (plain loops left to LLVM) the planes were written at
 20–28 GB/s, below the ``copy-rows`` kernel they replaced (40–60 GB/s; a UNet's padded inputs at
@@ -35,7 +35,7 @@ class PadPlanes:
     def transform(self, k: KernelInfo, s: Schedule) -> str:
         w = SequenceWriter()
         loop = w.match_kernel(k.id, op="scf.forall")
-        rank = int(k.attrs["pad_planes"])   # the plane's dims
+        rank = int(k.attrs["plane_rank"])
         for op in ("linalg.fill", "linalg.transpose" if k.attrs.get("transposed") else "linalg.copy"):
             h = w.fresh("op")
             w(f'{h} = transform.structured.match ops{{["{op}"]}} in {loop} : ({ANY}) -> {ANY}')
