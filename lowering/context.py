@@ -505,8 +505,8 @@ class LoweringContext(Padding):
         # temporary and a whole-output memcpy followed (eliminate-empty-tensors follows same-type
         # values only; a Conv1d's [N, C, 1, L] product returned as [N, C, L]: 0.12 of 1.8 ms)
         source = self.body.collapsed_views[v.name][0] if v.name in self.body.collapsed_views else v
-        if source.rank > 1:
-            self.body.collapsed_views[out.name] = (source, None)
+        if source.rank > 1 and len(shape) > 0:   # (a 0-d output has no flattened view: its copy is
+            self.body.collapsed_views[out.name] = (source, None)   # one element)
         if len(shape) > v.rank and [s for s in shape if s != 1] == [s for s in v.shape if s != 1]:
             self.body.unit_views[out.name] = (v, _unit_view_exprs(v.shape, shape))
         return out
