@@ -119,8 +119,14 @@ def forward(ctx: LoweringContext, x: TensorValue, w: TensorValue, bias: TensorVa
     mp, np_ = q["problem"]["m"], q["problem"]["n"]
     # rows of zeros below the image so the last padded column's windows stay inside the input
     hx = padded_rows(hp, wp, np_, kh, kw, dh, dw)
-    xp = ctx.padded(x, [n, c, hx, wp], [0, 0, ph, pw])
-    xf = ctx.reshape(xp, (n, c, hx * wp))
+    if hp == 1 < hx:
+        # one-row images (1-D convolutions): one row as long as the last window reaches, where whole
+        # padded rows below the image were mostly zeros written and never read (a Conv1d's 258-wide
+        # row took a second one for 16 wrapped columns)
+        reach = (np_ - 1) + (kw - 1) * dw + 1
+        xf = ctx.reshape(ctx.padded(x, [n, c, 1, reach], [0, 0, ph, pw]), (n, c, reach))
+    else:
+        xf = ctx.reshape(ctx.padded(x, [n, c, hx, wp], [0, 0, ph, pw]), (n, c, hx * wp))
     g_, gd = _group_loop(groups)
     lead = len(gd)
     wt = ctx.reshape(w, (*g_, ocg, cg, kh, kw))
