@@ -254,12 +254,15 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     hx, hg = padded_rows(hp, wp, pp, kh, kw, dh, dw), -(-pp // wp)
     g_, gd = _group_loop(groups)
     lead = len(gd)
+    # one-row images (1-D convolutions): one row each as long as the windows and the k-blocks reach
+    # (see forward), not whole padded rows below them
+    rx, rg = ((1, (pp - 1) + (kw - 1) * dw + 1), (1, max(pp, wp))) if hp == 1 < hx else ((hx, wp), (hg, wp))
     xg = ctx.reshape(x, (n, *g_, cg, h, wd))
-    xf = ctx.reshape(ctx.padded(xg, [n, *g_, cp, hx, wp], [0] * (lead + 2) + [ph, pw]),
-                     (n, groups * cp, hx * wp))
+    xf = ctx.reshape(ctx.padded(xg, [n, *g_, cp, *rx], [0] * (lead + 2) + [ph, pw]),
+                     (n, groups * cp, rx[0] * rx[1]))
     gg = ctx.reshape(g, (n, *g_, ocg, oh, ow))
-    gw = ctx.reshape(ctx.padded(gg, [n, *g_, ocp, hg, wp], [0] * (lead + 4)),
-                     (n, *g_, ocp, hg * wp))
+    gw = ctx.reshape(ctx.padded(gg, [n, *g_, ocp, *rg], [0] * (lead + 4)),
+                     (n, *g_, ocp, rg[0] * rg[1]))
     gw = ctx.extract_slice(gw, [0] * (lead + 3), [n, *g_, ocp, pp], [1] * (lead + 3))
     m1, n1 = cp // mr, ocp // nr
     q.update(MC=cp, NC=ocp, KC=kc, pack_a=False, transpose_a=False, pack_b=True, fuse_pack_b=True,

@@ -769,10 +769,16 @@ def test_a_1d_convolution_pads_one_row_as_long_as_its_windows_reach():
     row, as long as the last register tile's windows reach (grid columns rounded up to whole
     tiles), where whole padded rows below it were written as zeros and never read (a Conv1d's
     258-wide row took a second one for 16 wrapped columns: the pad kernel 0.13 → 0.09 ms, 16x64x256;
-    AMD Zen 3, 1 thread). Values and gradients of 1-D cases against float64 in CASES."""
+    AMD Zen 3, 1 thread); likewise the weight gradient's two padded operands. Values and gradients
+    of 1-D cases against float64 in CASES."""
     ks = _kernels(lambda x, w: F.conv1d(x, w, None, 1, 1), torch.randn(4, 16, 40), torch.randn(32, 16, 3))
     pads = [k for k, s in ks if s.strategy == "pad-planes"]
     gemm = [k for k, s in ks if k.kind == "matmul"]
     assert len(pads) == 1 and len(gemm) == 1
     n, c, rows, width = pads[0].operands[1].shape
     assert (n, c, rows) == (4, 16, 1) and 42 < width < 2 * 42   # the padded row is 42 wide; one row, a little more
+    # the weight gradient's windowed input and its output gradient on the padded grid: one row each too
+    step = _conv_step([1], [1])
+    ks = _kernels(step, torch.randn(4, 32, 40), torch.randn(4, 16, 40), torch.randn(32, 16, 3))
+    pads = [k.operands[1].shape for k, s in ks if s.strategy == "pad-planes"]
+    assert len(pads) >= 3 and all(shape[2] == 1 and shape[3] < 2 * 42 for shape in pads), pads
