@@ -90,7 +90,8 @@ def plan_outputs(gm: torch.fx.GraphModule, placeholders: list[torch.fx.Node],
         # the root of a chain of views names the buffer (two views of one value share it; the
         # first of them is not their owner)
         owner = _view_base(o) or (owner if owner is None or owner is o else _view_base(owner) or owner)
-        view = dict(size=tuple(val.shape), stride=tuple(val.stride()), offset=int(val.storage_offset()))
+        view = dict(size=tuple(val.shape), stride=tuple(val.stride()), offset=int(val.storage_offset()),
+                    dtype=val.dtype)
         if st in input_storage:
             plan.slots.append(OutputSlot("input", index=input_index[o]) if o.op == "placeholder"
                               else OutputSlot("view", base=("input", input_storage[st]), **view))

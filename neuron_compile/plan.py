@@ -125,7 +125,9 @@ class OutputSlot:
     """How the runtime produces one graph output.
 
     kind: ``const`` (``value``), ``input``/``host``/``kernel`` (``index``), or ``view`` of
-    ``base`` = (kind, index) rebuilt with ``as_strided(size, stride, offset)``.
+    ``base`` = (kind, index) rebuilt with ``as_strided(size, stride, offset)``; a view whose
+    ``dtype`` differs from its base's (``y.view(torch.int32)``) reinterprets the base's storage in
+    that dtype first (size, stride and offset then count elements of ``dtype``).
     ``placed``: for a kernel output (or a view of one) whose eager strides are not dense, those
     (size, stride, offset): the runtime copies the dense kernel buffer into a storage laid out so,
     once per buffer, and every slot of that buffer reads the copy (eager's views of it fit).
@@ -139,19 +141,22 @@ class OutputSlot:
     stride: tuple[int, ...] = ()
     offset: int = 0
     placed: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    dtype: torch.dtype | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "index": self.index, "value": encode_value(self.value),
                 "base": list(self.base) if self.base else None, "size": list(self.size),
                 "stride": list(self.stride), "offset": self.offset,
-                "placed": [list(self.placed[0]), list(self.placed[1]), self.placed[2]] if self.placed else None}
+                "placed": [list(self.placed[0]), list(self.placed[1]), self.placed[2]] if self.placed else None,
+                "dtype": dtype_name(self.dtype) if self.dtype is not None else None}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> "OutputSlot":
         placed = d.get("placed")
         return OutputSlot(d["kind"], d["index"], decode_value(d["value"]),
                           tuple(d["base"]) if d["base"] else None, tuple(d["size"]), tuple(d["stride"]),
-                          d["offset"], (tuple(placed[0]), tuple(placed[1]), placed[2]) if placed else None)
+                          d["offset"], (tuple(placed[0]), tuple(placed[1]), placed[2]) if placed else None,
+                          dtype_from_name(d["dtype"]) if d.get("dtype") else None)
 
 
 @dataclass

@@ -93,6 +93,23 @@ def _resolve(a: Any, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Ten
     return a
 
 
+def _dtype_view(base: torch.Tensor, slot: OutputSlot) -> torch.Tensor:
+    """The output ``slot`` that reads ``base``'s bytes as ``slot.dtype`` (``y.view(torch.int32)``,
+    possibly viewed further). Eager's ``y.view(dtype)`` has no ``_base`` (``view.dtype`` is not an
+    autograd view), a slice of it has: so a slot laid out as ``base.view(dtype)`` is a tensor of its
+    own on the storage, any other a view of the whole storage read as ``dtype``."""
+    storage, geometry = base.untyped_storage(), (slot.size, slot.stride, slot.offset)
+    try:
+        direct = base.view(slot.dtype)
+        direct = (tuple(direct.shape), tuple(direct.stride()), direct.storage_offset()) == geometry
+    except RuntimeError:   # (strides that ``view(dtype)`` refuses: the slot came another way)
+        direct = False
+    if direct:
+        return torch.empty(0, dtype=slot.dtype).set_(storage, slot.offset, slot.size, slot.stride)
+    whole = torch.empty(0, dtype=slot.dtype).set_(storage)
+    return torch.as_strided(whole, slot.size, slot.stride, slot.offset)
+
+
 class Executable:
     """A compiled graph: callable on a list of tensors, returns the graph's outputs (a list).
 
@@ -196,7 +213,10 @@ class Executable:
                 result.append(slot.value)
             elif slot.kind == "view":
                 base = buffer(*slot.base, slot.placed)
-                result.append(torch.as_strided(base, slot.size, slot.stride, slot.offset))
+                if slot.dtype is not None and slot.dtype != base.dtype:
+                    result.append(_dtype_view(base, slot))
+                else:
+                    result.append(torch.as_strided(base, slot.size, slot.stride, slot.offset))
             else:
                 result.append(buffer(slot.kind, slot.index, slot.placed))
         for check in self.plan.checks:  # e.g. torch.linalg's LinAlgError on a singular matrix

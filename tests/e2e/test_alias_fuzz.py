@@ -52,7 +52,10 @@ def _observe(fn, make_inputs) -> dict:
         for k, x in enumerate(inputs):
             rel[f"out{i} is input{k}"] = o is x
             rel[f"out{i} shares storage with input{k}"] = _same_storage(o, x)
-    values = [o.detach().clone() for o in outs]
+    # a dtype view's values are compared as the float32 bits they are (int32 bit patterns of
+    # values one rounding apart would differ by that much; float16 halves may be NaN)
+    values = [o.detach().clone().view(torch.float32) if o.dtype in (torch.int32, torch.float16)
+              else o.detach().clone() for o in outs]
     after = {f"input{k}": x.detach().clone() for k, x in enumerate(inputs)}
     after.update({f"root{k}": r.detach().clone() for k, r in enumerate(roots)})
     diff = [(i + 1.0) * o.sum() for i, o in enumerate(outs) if o.requires_grad]
