@@ -618,6 +618,23 @@ class LoweringContext(Padding):
         self.body.add_kernel(info)
         return out
 
+    def generic_into_slice(self, dest: TensorValue, offsets: Sequence[int], sizes: Sequence[int],
+                           strides: Sequence[int], ins: Sequence[TensorValue], in_maps: Sequence[str],
+                           body: Callable[[BodyBuilder, list[Scalar]], Scalar]) -> TensorValue:
+        """``dest`` with its slice at (``offsets``, ``sizes``, ``strides``) written by one parallel
+        ``linalg.generic`` over ``sizes`` (loop dims = the slice's dims) whose destination is
+        that slice: bufferized in place, where computing a temporary and :meth:`insert_slice`
+        copied it (an im2col's per-phase copies into every other kernel tap)."""
+        dest = self.materialize(dest)
+        sizes = tuple(int(s) for s in sizes)
+        where = f"[{', '.join(map(str, offsets))}] [{', '.join(map(str, sizes))}] [{', '.join(map(str, strides))}]"
+        self.body.used_as_init(dest)
+        part = self.emit(f"tensor.extract_slice {dest.name}{where} : {dest.type} to {tensor_type(sizes, dest.dtype)}",
+                         sizes, dest.dtype)
+        part = self.generic(ins, in_maps, part, self.identity_map(len(sizes)), ["parallel"] * len(sizes), body)
+        return self.emit(f"tensor.insert_slice {part.name} into {dest.name}{where} : {part.type} into {dest.type}",
+                         dest.shape, dest.dtype)
+
     # -- contractions ----------------------------------------------------------------------------
     def _tiled_matmul(self, a: TensorValue, b: TensorValue, out_dtype: torch.dtype, trans_a: bool, trans_b: bool,
                       acc_init: "TensorValue | LazyTensor | None", m: int, n: int, k: int) -> TensorValue | None:

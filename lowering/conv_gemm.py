@@ -65,11 +65,54 @@ def im2col(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spatial:
     rows, cols = c * math.prod(ks), math.prod(out_spatial)
     if _plain(ks, stride, padding):
         return ctx.reshape(x, (n, rows, cols))
+    if k == 2 and stride[1] == 2 and dilation[1] == 1 and x.shape[3] % 2 == 0:
+        return ctx.reshape(_im2col_phases(ctx, x, ks, out_spatial, stride[0], padding, dilation[0]), (n, rows, cols))
     xp = pad_spatial(ctx, x, padding)
     shape = [n, c, *ks, *out_spatial]
     col = ctx.generic([xp], [_window(k, stride, dilation)], ctx.empty(shape, x.dtype), ctx.identity_map(2 + 2 * k),
                       ["parallel"] * (2 + 2 * k), lambda b, args: args[0])
     return ctx.reshape(col, (n, rows, cols))
+
+
+def column_phases(width: int, kw: int, pw: int, ow: int) -> tuple[int, dict[int, list[int]], dict[int, int], int]:
+    """A window of ``kw`` taps read at stride 2 along a dim of even ``width`` zero-padded by ``pw``
+    on the left, for ``ow`` outputs, as unit-stride windows of the dim's two phases
+    (:meth:`LoweringContext.phase_planes`, each padded by ``lp = ceil(pw/2)`` on the left): tap
+    ``kw`` of output ``o`` reads padded column ``2·o + kw`` = input column ``2·(o + t) + q``, phase
+    ``q = (kw − pw) mod 2`` at ``o + t + lp``. Returns (``lp``, the taps of each phase, the phase
+    column output 0's first tap of each phase reads, the columns a phase plane needs)."""
+    lp = -(-pw // 2)
+    phases: dict[int, list[int]] = {}
+    for k in range(kw):
+        phases.setdefault((k - pw) % 2, []).append(k)
+    starts = {q: (taps[0] - pw - q) // 2 + lp for q, taps in phases.items()}
+    cols = max(lp + width // 2, max(starts[q] + ow - 1 + len(taps) for q, taps in phases.items()))
+    return lp, phases, starts, cols
+
+
+def _im2col_phases(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spatial: Sequence[int], sh: int,
+                   padding: Sequence[int], dh: int) -> TensorValue:
+    """:func:`im2col` of a 2-D input at stride 2 along W (unit dilation there, W even), as
+    [N, C, KH, KW, OH, OW]: read from the input's two column phases (:func:`column_phases`), so
+    the taps of one phase are a unit-stride window (one copy per phase, written in place into
+    every other tap of the matrix). Read at stride 2 from the padded input the copy was a gather,
+    scalar on ``loops-forall`` (a ResNet stem, 7×7/2 3→64 at 16×3×64×64: 15–17 % of the layer)."""
+    n, c, h, w = x.shape
+    kh, kw = ks
+    oh, ow = out_spatial
+    lp, phases, starts, cols = column_phases(w, kw, padding[1], ow)
+    rows = (oh - 1) * sh + (kh - 1) * dh + 1
+    xq = ctx.phase_planes(ctx.materialize(x), (padding[0], max(0, rows - padding[0] - h)), lp, cols)
+    col = ctx.empty([n, c, kh, kw, oh, ow], x.dtype)
+    for q, taps in sorted(phases.items()):
+        # the phase's columns from output 0's first tap on (a unit dim and no constant offsets in
+        # the read: the pointwise strategy folds unit dims and vectorizes each row)
+        view = ctx.extract_slice(xq, [0, 0, 0, q, starts[q]], [n, c, xq.shape[2], 1, ow + len(taps) - 1],
+                                 [1] * 5)
+        read = affine_map(6, ["d0", "d1", f"d4 * {sh} + d2 * {dh}", "0", "d5 + d3"])
+        col = ctx.generic_into_slice(col, [0, 0, 0, taps[0], 0, 0], [n, c, kh, len(taps), oh, ow],
+                                     [1, 1, 1, 2, 1, 1], [view], [read], lambda b, args: args[0])
+    return col
 
 
 def im2col_rows(ctx: LoweringContext, x: TensorValue, ks: Sequence[int], out_spatial: Sequence[int],

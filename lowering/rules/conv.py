@@ -314,12 +314,7 @@ def _depthwise_phases(ctx: LoweringContext, x: TensorValue, w: TensorValue, sh: 
     n, c, h, wd = x.shape
     kh, kw = w.shape[2:]
     oh, ow = shape[2], shape[3]
-    lp = -(-pw // 2)
-    phases: dict[int, list[int]] = {}
-    for k in range(kw):
-        phases.setdefault((k - pw) % 2, []).append(k)
-    starts = {q: (taps[0] - pw - q) // 2 + lp for q, taps in phases.items()}   # ow = 0's first tap
-    cols = max(lp + wd // 2, max(starts[q] + ow - 1 + len(taps) for q, taps in phases.items()))
+    lp, phases, starts, cols = conv_gemm.column_phases(wd, kw, pw, ow)
     rows = (oh - 1) * sh + (kh - 1) * dh + 1
     xq = ctx.phase_planes(x, (ph, max(0, rows - ph - h)), lp, cols)
     out = ctx.fill([n, c, oh, ow], acc_dtype, 0)

@@ -49,6 +49,10 @@ CASES = {
     # fewer input rows (C·KK) than a register tile's columns: the weight gradient's product transposed
     "1x1 few inputs": ((4, 16, 9, 9), (48, 16, 1, 1), False, 1, 0, 1),
     "1x1 few inputs at 4x4": ((8, 16, 4, 4), (48, 16, 1, 1), True, 1, 0, 1),
+    # stride 2 along an even width: im2col read from the input's two column phases
+    "7x7 stride 2 stem": ((2, 3, 20, 22), (16, 3, 7, 7), False, 2, 3, 1),
+    "5x5 stride 2 no padding, odd height": ((2, 3, 17, 18), (8, 3, 5, 5), True, 2, 0, 1),
+    "3x3 stride 2 dilated rows": ((2, 4, 13, 14), (8, 4, 3, 3), True, 2, 1, (2, 1)),
 }
 
 
@@ -71,7 +75,7 @@ def _assert_like_float64(fn, args, tol=None):
 
 
 # float64 takes the same strategies with half the vector width: one case per path is enough there
-FLOAT64 = ("3x3 pad 1", "3x3 stride 2", "1-d", "3-d", "3x3 40 outputs", "3x3 at 4x4", "1x1 few inputs at 4x4")
+FLOAT64 = ("3x3 pad 1", "3x3 stride 2", "7x7 stride 2 stem", "1-d", "3-d", "3x3 40 outputs", "3x3 at 4x4", "1x1 few inputs at 4x4")
 
 
 @pytest.mark.parametrize("case,dtype", [(c, torch.float32) for c in CASES] + [(c, torch.float64) for c in FLOAT64])
@@ -124,10 +128,23 @@ def test_unit_stride_forward_is_one_implicit_gemm_kernel():
 
 
 def test_strided_forward_is_a_shared_weight_gemm_over_vectorized_im2col_rows():
+    """At stride 2 along an even width the im2col matrix is copied from the input's two column
+    phases (one ``pad-planes`` kernel writes them): each phase's taps are unit-stride windows, one
+    vectorized copy per phase written in place into every other tap. Read at stride 2 the copy
+    was a gather on ``loops-forall`` (a ResNet stem, 7×7/2 3→64 at 16×3×64×64: 15–17 % of the
+    layer; AMD Zen 3). An odd width keeps the gather."""
     x, w = torch.randn(4, 8, 24, 24), torch.randn(16, 8, 3, 3)
     ks = _kernels(lambda x, w: F.conv2d(x, w, stride=2, padding=1), x, w)
     (gemm,) = [k for k, _ in ks if k.kind == "matmul"]
     assert gemm.attrs["shared_a"] and not gemm.attrs.get("conv") and gemm.attrs["k"] == 72
+    windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
+    assert [s.strategy for _, s in windowed] == ["pointwise", "pointwise"]
+    # taps 0 and 2 read phase 1 of the padded columns, tap 1 phase 0: 2 + 1 of the 3 taps
+    assert sorted(k.ranges[3] for k, _ in windowed) == [1, 2]
+    assert [s.strategy for k, s in ks if k.kind == "loop"] == ["pad-planes"]
+    assert not [k for k, _ in ks if k.kind == "copy"]
+    x = torch.randn(4, 8, 24, 23)
+    ks = _kernels(lambda x, w: F.conv2d(x, w, stride=2, padding=1), x, w)
     windowed = [(k, s) for k, s in ks if not all(o.affine for o in k.operands)]
     # a stride-2 row is a gather: plain loops, split over the thread pool along (n, c)
     assert len(windowed) == 1 and windowed[0][1].strategy == "loops-forall"

@@ -157,7 +157,10 @@ def test_a_zero_padded_stored_input_is_written_plane_by_plane_in_one_parallel_lo
                torch.randn(2, 5, 9, 7), torch.randn(2, 7, 9, 7), torch.randn(12, 1, 3, 3))
     loops = re.findall(r"scf\.forall \((%\w+), (%\w+)\) in \((\d+), (\d+)\) shared_outs", ir)
     assert [(n, c) for _, _, n, c in loops] == [("2", "5"), ("2", "7")], ir
-    assert len(re.findall(r"linalg\.fill ins\(%\w+ : f32\) outs\(%\w+ : tensor<11x9xf32>\)", ir)) == 2, ir
+    # 9×7 planes padded by 1: 11×9, or a row more where the depthwise stencil reads the plane
+    # flattened (its windows wrap past the last row: AVX-512's rows of 16 lanes, a row of 7)
+    planes = re.findall(r"linalg\.fill ins\(%\w+ : f32\) outs\(%\w+ : tensor<(\d+)x(\d+)xf32>\)", ir)
+    assert len(planes) == 2 and set(planes) <= {("11", "9"), ("12", "9")}, ir
     assert len(re.findall(r"linalg\.copy ins\(%\w+ : tensor<9x7xf32>\) outs\(%\w+ : tensor<9x7xf32>\)", ir)) == 2
     assert f"affine_map<(d0) -> (d0 + 5)>({loops[1][1]})" in ir, ir
     assert 'neuron.kind = "loop"' in ir and "loop_annotation" not in ir, ir

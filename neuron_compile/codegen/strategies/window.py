@@ -109,9 +109,11 @@ class WindowStencil(_VectorStrategy):
         # loops-forall: 1.56 ms at stride 2, 1.24 in pieces of 24; AMD Zen 3, 1 thread)
         if c is None or k.iterators[c] != "parallel" or not all(o.unit_window(c) for o in k.operands):
             return None
-        row, most = k.ranges[c], STENCIL_REGISTERS * lanes(k, target)
-        piece = divisor_tile(row, most, lanes(k, target)) if row > most else 0
-        if not lanes(k, target) // 2 <= row or (row > WINDOW_ROW and not piece):
+        row, most, vl = k.ranges[c], STENCIL_REGISTERS * lanes(k, target), lanes(k, target)
+        # pieces of whole registers, else of half registers (600 channels on AVX-512: 16 lanes
+        # divide no piece of at most 64, 8 lanes give 40)
+        piece = (divisor_tile(row, most, vl) or divisor_tile(row, most, max(1, vl // 2))) if row > most else 0
+        if not vl // 2 <= row or (row > WINDOW_ROW and not piece):
             return None
         if any(o.dtype in (torch.float16, torch.bfloat16) for o in k.operands):
             return None   # (half precision stays scalar: see vector.classify)
