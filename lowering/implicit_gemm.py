@@ -250,8 +250,8 @@ def weight_grad(ctx: LoweringContext, g: TensorValue, x: TensorValue, w_shape: S
     q = dict(gemm.plan(p, target, forced.params if forced else None).params)
     mr, nr = q["MR"], q["NR"]
     cp, ocp = _round_up(cg, mr), _round_up(ocg, nr)
-    if cp == mr:
-        # one register tile of input channels (a 3-channel image's first layer): the kernel ran at
+    if cp == mr and cg <= 8:
+        # one register tile of a few input channels (a 3-channel image's first layer): the kernel ran at
         # 1.5–2.6 GFLOP/s (3 or 4 → 16 channels at 8×64×64: 14.5 ms, where im2col + a GEMM per
         # image took 1.6; AMD Zen 3, 1 thread); the caller's im2col form takes it
         return None

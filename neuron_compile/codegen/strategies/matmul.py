@@ -57,10 +57,15 @@ ISA_TABLE: dict[str, dict[str, Any]] = {
                  CONV_PACK_B=False),
     # Zen 4 / Skylake-X: 32 zmm; 8x32 = 16 accumulators (toolchain.md measured MKL parity on Zen 4).
     # FMA_CHAINS: latency 4 x 2 ports (Skylake-X, Sapphire Rapids).
+    # NARROW_MR: a one-vector-wide tile (N < NR) needs a broadcast of A per FMA, so more rows
+    # than the FMA chains alone ask for: 16 first (4096x144 @ 144x24: 337 -> 222 us, eager 347;
+    # N = 20: 231 -> 217; N = 16 113 either way; AMD Zen 5, 1 thread). 16 accumulators and the
+    # B vector fit AVX-512's 32 registers, not AVX2's 16.
     "avx512": dict(VL=16, MR=8, NR=32, MC=96, NC=384, KC=128, MR_alt=(8, 12, 4), MC_small=256, FMA_CHAINS=8,
-                   CONV_PACK_B=True),
+                   CONV_PACK_B=True, NARROW_MR=(16, 8, 24, 12)),
 }
 # register tile rows when N is one vector wide (:func:`_narrow`): MR accumulators of one vector
+# (an ISA row's ``NARROW_MR`` replaces it)
 NARROW_MR = (8, 16, 24, 12)
 MIN_WORK = 16 * 16 * 16  # smaller matmuls (the unrolled linear algebra's) stay plain loops
 
@@ -129,7 +134,7 @@ def plan(p: GemmProblem, target: TargetInfo, overrides: Mapping[str, Any] | None
     wide = p.dtype == "float64"
     vl = t["VL"] // (2 if wide else 1)
     if _narrow(p, target):
-        t = {**t, "NR": t["VL"], "MR_alt": NARROW_MR, "NC": p.n * (2 if wide else 1)}
+        t = {**t, "NR": t["VL"], "MR_alt": t.get("NARROW_MR", NARROW_MR), "NC": p.n * (2 if wide else 1)}
     t = {**t, "MR_alt": register_tile_candidates(p, t)}
     mr = register_rows(p.m, t, small=p.m <= t["MC_small"])
     q: dict[str, Any] = dict(VL=vl, MR=mr, NR=t["NR"] // (2 if wide else 1), MC=t["MC"], NC=t["NC"], KC=t["KC"])
