@@ -664,7 +664,8 @@ def test_a_flipped_kernel_copy_is_never_tiled_over_threads():
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_implicit_gemm_packs_its_windows_only_where_the_target_table_says(isa):
     """The implicit GEMM's B panels (windows of the padded input) are packed per k-block or, where
-    :data:`ISA_TABLE` says (AVX2, measured), loaded in place by the micro-kernel: no pack op."""
+    :data:`ISA_TABLE` says (AVX2 and AVX-512, measured), loaded in place by the micro-kernel: no
+    pack op. The packed form stays a schedule override (``pack_b``); its values against float64."""
     from neuron_compile.codegen.strategy import TargetInfo
     target = TargetInfo(isa, 512 if isa == "avx512" else 256, 32 if isa == "avx512" else 16)
     gm = trace(lambda x, w: F.conv2d(x, w, padding=1), torch.randn(4, 16, 12, 12), torch.randn(16, 16, 3, 3))
@@ -673,6 +674,12 @@ def test_implicit_gemm_packs_its_windows_only_where_the_target_table_says(isa):
     packs = ISA_TABLE[isa]["CONV_PACK_B"]
     assert gemm.attrs["gemm"]["pack_b"] is packs
     assert ('neuron.part = "packB_r0"' in lowered.mlir) is packs
+    for pack in (True, False):
+        x, w = torch.randn(2, 16, 12, 12, dtype=torch.float64), torch.randn(16, 16, 3, 3, dtype=torch.float64)
+        fn = torch.compile(lambda x, w: F.conv2d(x, w, padding=1), backend="neuron", dynamic=False,
+                           options={"schedule": {"matmul": {"strategy": "matmul", "params": {"pack_b": pack}}}})
+        torch.testing.assert_close(fn(x, w), F.conv2d(x, w, padding=1), rtol=1e-10, atol=1e-10)
+        torch._dynamo.reset()
 
 
 def test_weight_gradient_of_a_three_channel_image_is_not_the_implicit_gemm():

@@ -51,8 +51,9 @@ ISA_TABLE: dict[str, dict[str, Any]] = {
     # CONV_PACK_B: whether an implicit-GEMM convolution packs its B panels (the windows of the
     # padded input, rows of NR contiguous elements) or its micro-kernel loads them in place. On
     # AVX2 in place won at every size measured (3×3, 16→16 channels at 8×64×64 1.55×, 32→16 1.13×,
-    # 64→64 at 16×16×16 1.17×, 128→128 1.0–1.08×, 2 threads 0.98–1.07×; AMD Zen 3); AVX-512 keeps
-    # the packs (unmeasured there: a row of 32 is two cache lines).
+    # 64→64 at 16×16×16 1.17×, 128→128 1.0–1.08×, 2 threads 0.98–1.07×; AMD Zen 3), and on AVX-512
+    # too (3×3 at 8×64×64 32→16 1.05×, 16→16 1.06×, at 8×32×32 32→32 1.04×, 64→32 1.03×, 64→64
+    # at 16×16×16 1.0×, 2 threads 1.02–1.05×; AMD Zen 5).
     "avx2": dict(VL=8, MR=6, NR=16, MC=96, NC=256, KC=256, MR_alt=(6, 4), MC_small=256, FMA_CHAINS=10,
                  CONV_PACK_B=False),
     # Zen 4 / Skylake-X: 32 zmm; 8x32 = 16 accumulators (toolchain.md measured MKL parity on Zen 4).
@@ -62,7 +63,7 @@ ISA_TABLE: dict[str, dict[str, Any]] = {
     # N = 20: 231 -> 217; N = 16 113 either way; AMD Zen 5, 1 thread). 16 accumulators and the
     # B vector fit AVX-512's 32 registers, not AVX2's 16.
     "avx512": dict(VL=16, MR=8, NR=32, MC=96, NC=384, KC=128, MR_alt=(8, 12, 4), MC_small=256, FMA_CHAINS=8,
-                   CONV_PACK_B=True, NARROW_MR=(16, 8, 24, 12)),
+                   CONV_PACK_B=False, NARROW_MR=(16, 8, 24, 12)),
 }
 # register tile rows when N is one vector wide (:func:`_narrow`): MR accumulators of one vector
 # (an ISA row's ``NARROW_MR`` replaces it)
