@@ -120,7 +120,8 @@ _FAMILY_PLACES = [
     ("passes/decompose.py", r"norm"),
     ("passes/linalg.py", r"^linalg_|^_linalg|matrix_exp|cholesky|^lu|qr$|svd|eig|solve|inverse|^det$|slogdet"),
     ("lowering/rules/indexing.py", r"index|gather|scatter|take|put|embedding|masked|nonzero"),
-    ("lowering/rules/reduction.py", r"sum|mean|prod|max|min|var|std|any|all|sort|topk|cum|arg|logsumexp|median|mode"),
+    ("lowering/rules/sorting.py", r"sort|topk|kthvalue|searchsorted|bucketize"),
+    ("lowering/rules/reduction.py", r"sum|mean|prod|max|min|var|std|any|all|cum|arg|logsumexp|median|mode"),
     ("lowering/rules/matmul.py", r"mm|matmul|dot|linear|einsum|baddbmm|addmv|mv$"),
     ("lowering/rules/shape.py", r"view|reshape|permute|cat|slice|select|squeeze|expand|pad|flip|roll|split|stack|"
                                 r"transpose|unfold|narrow|as_strided|repeat|tile|diag|tril|triu"),
@@ -139,8 +140,4 @@ def rule_file_for(op: object) -> str:
     for place, pat in _FAMILY_PLACES:
         if re.search(pat, name):
             return place
-    return "lowering/rules/elementwise.py"
-    for fam, pat in _FAMILY_PATTERNS:
-        if re.search(pat, name):
-            return f"lowering/rules/{fam}.py"
     return "lowering/rules/elementwise.py"

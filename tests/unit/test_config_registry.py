@@ -49,6 +49,8 @@ def test_packet_registration_covers_every_overload_and_refuses_duplicates():
 
 def test_rule_file_suggestions_follow_op_families():
     assert rule_file_for(aten.cumsum.default) == "lowering/rules/reduction.py"
+    assert rule_file_for(aten.topk.default) == "lowering/rules/sorting.py"   # where sort and topk live
+    assert rule_file_for(aten.argsort.default) == "lowering/rules/sorting.py"
     assert rule_file_for(aten.convolution.default) == "lowering/rules/conv.py"
     assert rule_file_for(aten.sin.default) == "lowering/rules/elementwise.py"
 
