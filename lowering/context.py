@@ -395,11 +395,16 @@ class LoweringContext(Padding):
         """
         dims = sorted({d % v.rank for d in dims}) if v.rank else []
         full_shape, reduced = v.shape, list(dims)
-        if len(dims) > 1 and dims == list(range(v.rank - len(dims), v.rank)):
+        # the trailing run of reduced dims as one (a bias or batch-norm gradient's sum over (N, H, W)
+        # of NCHW reduces the contiguous H·W rows: over rows of W alone, 28 wide, it ran at 12 GB/s)
+        t = next((i for i in range(v.rank) if v.rank - 1 - i not in dims), v.rank)
+        if t > 1:
+            lead = [d for d in dims if d < v.rank - t]
             if isinstance(v, TensorValue):
-                v, dims = self._collapse_trailing(v, len(dims))
-            elif (flat := self._collapse_trailing_lazy(v, len(dims))) is not None:
-                v, dims = flat, [v.rank - len(dims)]
+                v = self._collapse_trailing(v, t)[0]
+                dims = lead + [v.rank - 1]
+            elif (flat := self._collapse_trailing_lazy(v, t)) is not None:
+                v, dims = flat, lead + [flat.rank - 1]
         kept = [i for i in range(v.rank) if i not in dims]
         out_shape = tuple(v.shape[i] for i in kept)
         init = self.fill(out_shape, acc_dtype, init_value)
