@@ -109,7 +109,8 @@ class WindowStencil(_VectorStrategy):
         # loops-forall: 1.56 ms at stride 2, 1.24 in pieces of 24; AMD Zen 3, 1 thread)
         if c is None or k.iterators[c] != "parallel" or not all(o.unit_window(c) for o in k.operands):
             return None
-        row, most, vl = k.ranges[c], STENCIL_REGISTERS * lanes(k, target), lanes(k, target)
+        row, vl = k.ranges[c], lanes(k, target)
+        most = STENCIL_REGISTERS * vl
         # pieces of whole registers, else of half registers (600 channels on AVX-512: 16 lanes
         # divide no piece of at most 64, 8 lanes give 40)
         piece = (divisor_tile(row, most, vl) or divisor_tile(row, most, max(1, vl // 2))) if row > most else 0
